@@ -1,0 +1,93 @@
+// The Python module streamnccl._C: binds Options and ProcessGroup, and is the one place that
+// knows both the core and the concrete paths (host always, NCCL when compiled).
+
+#include "core/Options.hpp"
+#include "core/ProcessGroup.hpp"
+#include "host/HostPath.hpp"
+
+#ifdef STREAMNCCL_WITH_NCCL
+#include "cuda/CudaPath.hpp"
+#include "cuda/NcclCommunicator.hpp"
+
+#include <cuda_runtime_api.h>
+#endif
+
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+
+namespace streamnccl {
+namespace {
+
+std::string versionString(int code) {
+  // NCCL >= 2.9 encodes versions as major * 10000 + minor * 100 + patch.
+  return std::to_string(code / 10000) + "." + std::to_string(code % 10000 / 100) + "." +
+         std::to_string(code % 100);
+}
+
+c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank, int size,
+                                                  std::chrono::milliseconds timeout,
+                                                  const Options& explicitOptions,
+                                                  c10::intrusive_ptr<c10d::Backend> gloo) {
+  auto options = Options::fromEnv(explicitOptions);
+  options->timeout = timeout;
+  ProcessGroup::PathFactories factories;
+  factories.emplace(c10::kCPU, std::make_unique<HostPathFactory>(std::move(gloo)));
+#ifdef STREAMNCCL_WITH_NCCL
+  factories.emplace(c10::kCUDA, std::make_unique<CudaPathFactory>(store, rank, size, options));
+#endif
+  return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
+}
+
+py::dict buildInfo() {
+  py::dict info;
+  info["version"] = STREAMNCCL_VERSION;
+#ifdef STREAMNCCL_WITH_NCCL
+  info["paths"] = std::vector<std::string>{"host", "nccl"};
+  info["nccl_version_compiled"] = versionString(ncclCompiledVersion());
+  info["nccl_version_loaded"] = versionString(ncclLoadedVersion());
+  info["cuda_version_compiled"] = versionString(CUDART_VERSION * 10);
+#else
+  info["paths"] = std::vector<std::string>{"host"};
+  info["nccl_version_compiled"] = py::none();
+  info["nccl_version_loaded"] = py::none();
+  info["cuda_version_compiled"] = py::none();
+#endif
+  return info;
+}
+
+}  // namespace
+}  // namespace streamnccl
+
+PYBIND11_MODULE(_C, m) {
+  using namespace streamnccl;
+  // Registers c10d's Backend, Store and Options types, which ours derive from or take.
+  py::module_::import("torch.distributed");
+
+  m.doc() = "streamnccl: a torch.distributed backend with explicit stream semantics";
+
+  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
+      .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait) {
+             auto options = c10::make_intrusive<Options>();
+             options->highPriorityStreams = highPriorityStreams;
+             options->blockingWait = blockingWait;
+             return options;
+           }),
+           py::kw_only(), py::arg("high_priority_streams") = py::none(),
+           py::arg("blocking_wait") = py::none())
+      .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
+      .def_readwrite("blocking_wait", &Options::blockingWait)
+      .def("resolved", [](const Options& self) { return Options::fromEnv(self); },
+           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
+
+  py::class_<ProcessGroup, c10d::Backend, c10::intrusive_ptr<ProcessGroup>>(m, "ProcessGroup")
+      .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
+           py::arg("timeout"), py::arg("options"), py::arg("gloo"))
+      .def_property_readonly("streamnccl_options", &ProcessGroup::options);
+
+  m.def("_build_info", &buildInfo, "What this build of the extension contains.");
+}

@@ -1,0 +1,39 @@
+#pragma once
+
+// The buffer-level interface the core lowers every op to, modelled on NCCL so that the NCCL
+// implementation is a 1:1 mapping. A "buffer" is one dense, contiguous tensor: the
+// communicator reads its data pointer, element count and dtype, never its shape or strides,
+// and never sees tensor lists or c10d options. Every call is issued on `stream`, from inside a
+// task the Device runs in order on that stream.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
+
+#include <exception>
+#include <string>
+
+namespace streamnccl {
+
+enum class ReduceKind { Sum, Avg, Product, Min, Max, BitAnd, BitOr, BitXor };
+
+std::string toString(ReduceKind kind);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Whether allReduce can take ReduceKind::Avg for this dtype. Where it cannot, the core
+  // lowers AVG to a sum followed by a division on the same stream.
+  virtual bool supportsAvg(at::ScalarType dtype) const = 0;
+
+  virtual void allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                         c10::Stream stream) = 0;
+  // `input` is read on `root` only; `output` is written on every rank.
+  virtual void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
+                         c10::Stream stream) = 0;
+  // `output` holds size() * input.numel() elements, rank r's input at offset r * count.
+  virtual void allGather(const at::Tensor& input, const at::Tensor& output,
+                         c10::Stream stream) = 0;
+};
+
+}  // namespace streamnccl

@@ -1,0 +1,67 @@
+#pragma once
+
+// The stream contract. ProcessGroup::launch() is the one place that follows it; every op goes
+// through there. Per process group and device:
+//
+//  1. async_op=False: the op is enqueued on the caller's current stream. No internal stream,
+//     no events. The host returns once the op is enqueued, not when it has run.
+//  2. async_op=True: an event `ready` is recorded on the caller's current stream and the
+//     internal stream waits on it (the host never blocks); the op is enqueued on the internal
+//     stream; an event `end` is recorded after it and kept by the returned Work.
+//  3. work.wait() makes the caller's *current* stream (at the time of wait) wait on `end`;
+//     the host is not blocked. wait(timeout), or the blockingWait option, also blocks the host
+//     until `end` completes, and raises DistBackendError once the timeout has passed.
+//  4. work.is_completed() queries `end` without blocking. work.get_future() is completed from
+//     inside the op's enqueued task, so on CUDA it is marked with the op's stream current and
+//     then() callbacks (DDP comm hooks) are ordered after the op.
+//  5. Every input and output of an async op stays referenced by its Work, and the Work by the
+//     group, until `end` has completed: memory is never handed back to the allocator while
+//     the op may still touch it.
+//  6. Ops of one group on one device are enqueued in program order; internal streams are made
+//     lazily, one per device (optionally high priority).
+//
+// On the host path "streams" are executors: the caller's stream is the calling thread, which
+// is synchronous, and the internal stream is one worker thread per group. Host ops are run by
+// the worker in program order; a sync op returns when its result is ready.
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+namespace streamnccl {
+
+// A marker in a stream's order of work, as a CUDA event is.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Marks the point after all work enqueued on `stream` so far.
+  virtual void record(c10::Stream stream) = 0;
+  // Makes later work on `stream` wait for the marked point. Never blocks the host on CUDA.
+  virtual void block(c10::Stream stream) = 0;
+  // True once the marked work has run. Never blocks.
+  virtual bool query() = 0;
+  // Blocks the host until the marked work has run or `timeout` passes; false on timeout.
+  virtual bool synchronize(std::chrono::milliseconds timeout) = 0;
+};
+
+// The streams and events of one device, as seen by one process group.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual c10::Device device() const = 0;
+  // The stream the calling thread currently works on.
+  virtual c10::Stream currentStream() = 0;
+  // This group's own stream on this device, created on first use.
+  virtual c10::Stream internalStream() = 0;
+  virtual std::unique_ptr<Event> createEvent() = 0;
+  // Runs `task` in order on `stream`: the task issues one op's work (communicator calls, ATen
+  // copies), and everything it issues is ordered on `stream`. On CUDA the task runs now, on
+  // the calling thread, with `stream` made current; on the host it runs on the stream's
+  // executor. The task must not throw.
+  virtual void enqueue(c10::Stream stream, std::function<void()> task) = 0;
+};
+
+}  // namespace streamnccl

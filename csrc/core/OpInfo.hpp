@@ -1,0 +1,35 @@
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/irange.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace streamnccl {
+
+// What messages say about one op: `[streamnccl rank r/n pg=name] OP #seq (shape, dtype)`.
+struct OpInfo {
+  const char* name = "";
+  uint64_t seq = 0;
+  int rank = 0;
+  int size = 0;
+  std::string group;
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+
+  std::string describe() const {
+    std::ostringstream out;
+    out << "[streamnccl rank " << rank << "/" << size << " pg=" << group << "] " << name << " #"
+        << seq << " ([";
+    for (const auto i : c10::irange(shape.size())) {
+      out << (i == 0 ? "" : ", ") << shape[i];
+    }
+    out << "], " << c10::toString(dtype) << ")";
+    return out.str();
+  }
+};
+
+}  // namespace streamnccl

@@ -1,0 +1,91 @@
+#include "core/Work.hpp"
+
+#include "core/Errors.hpp"
+
+namespace streamnccl {
+
+OpOutcome::OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevices)
+    : future_(c10::make_intrusive<c10::ivalue::Future>(std::move(valueType),
+                                                      std::move(futureDevices))) {}
+
+void OpOutcome::succeed(const std::vector<at::Tensor>& outputs) {
+  future_->markCompleted(c10::IValue(outputs));
+}
+
+void OpOutcome::fail(const OpInfo& info, std::exception_ptr cause) {
+  auto error = makeDistBackendError(info.describe() + ": " + describeException(cause));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = error;
+  }
+  if (!future_->completed()) {
+    future_->setError(error);
+  }
+}
+
+std::exception_ptr OpOutcome::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
+           std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
+           std::chrono::milliseconds timeout, bool blockHostOnWait)
+    : c10d::Work(info.rank, opType),
+      info_(std::move(info)),
+      device_(std::move(device)),
+      outcome_(std::move(outcome)),
+      outputs_(std::move(outputs)),
+      timeout_(timeout),
+      blockHostOnWait_(blockHostOnWait) {}
+
+void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse) {
+  end_ = std::move(end);
+  inUse_ = std::move(inUse);
+}
+
+bool Work::isCompleted() { return end_ == nullptr || end_->query(); }
+
+bool Work::isSuccess() const { return outcome_->failure() == nullptr; }
+
+std::exception_ptr Work::exception() const { return outcome_->failure(); }
+
+std::vector<at::Tensor> Work::result() { return outputs_; }
+
+void Work::synchronize() {
+  if (end_) {
+    end_->block(device_->currentStream());
+  }
+}
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  if (end_) {
+    if (blockHostOnWait_ || timeout != kNoTimeout) {
+      const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+      if (!end_->synchronize(limit)) {
+        throwDistBackendError(info_.describe() + ": not completed within the timeout of " +
+                              std::to_string(limit.count()) + " ms");
+      }
+    }
+    // The caller's stream at the time of wait() joins the op; on CUDA the host goes on.
+    end_->block(device_->currentStream());
+    releaseIfCompleted();
+  }
+  if (auto failure = outcome_->failure()) {
+    std::rethrow_exception(failure);
+  }
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() { return outcome_->future(); }
+
+bool Work::releaseIfCompleted() {
+  if (!isCompleted()) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(inUseMutex_);
+  inUse_.clear();
+  return true;
+}
+
+}  // namespace streamnccl

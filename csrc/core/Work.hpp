@@ -1,0 +1,75 @@
+#pragma once
+
+#include "core/Device.hpp"
+#include "core/OpInfo.hpp"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace streamnccl {
+
+// The outcome of one op, shared by its Work and by the task that runs it: the task may
+// outlive the Work (the caller dropped it) and the Work the task.
+class OpOutcome {
+ public:
+  OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevices);
+
+  // Called by the task once it has issued the op's work: marks the future completed (on CUDA
+  // with the op's stream current, so the future's events follow the op).
+  void succeed(const std::vector<at::Tensor>& outputs);
+  void fail(const OpInfo& info, std::exception_ptr cause);
+
+  // The DistBackendError the op failed with, or null.
+  std::exception_ptr failure() const;
+  const c10::intrusive_ptr<c10::ivalue::Future>& future() const { return future_; }
+
+ private:
+  mutable std::mutex mutex_;
+  std::exception_ptr failure_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The handle c10d returns to Python for one op. See the stream contract in Device.hpp for
+// what wait() does.
+class Work : public c10d::Work {
+ public:
+  Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
+       std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
+       std::chrono::milliseconds timeout, bool blockHostOnWait);
+
+  // For async ops: the event after the op on the internal stream, and every tensor the op
+  // touches, held until that event has completed.
+  void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return info_.seq; }
+
+  // Drops the tensors held for the op if it has completed; true if it has.
+  bool releaseIfCompleted();
+  const OpInfo& info() const { return info_; }
+
+ private:
+  const OpInfo info_;
+  const std::shared_ptr<Device> device_;
+  const std::shared_ptr<OpOutcome> outcome_;
+  const std::vector<at::Tensor> outputs_;
+  const std::chrono::milliseconds timeout_;
+  const bool blockHostOnWait_;
+
+  std::unique_ptr<Event> end_;  // null for sync ops: they add no events
+  std::mutex inUseMutex_;
+  std::vector<at::Tensor> inUse_;
+};
+
+}  // namespace streamnccl

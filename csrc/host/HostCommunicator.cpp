@@ -1,0 +1,59 @@
+#include "host/HostCommunicator.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace streamnccl {
+namespace {
+
+c10d::ReduceOp toGloo(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::Sum: return c10d::ReduceOp::SUM;
+    case ReduceKind::Product: return c10d::ReduceOp::PRODUCT;
+    case ReduceKind::Min: return c10d::ReduceOp::MIN;
+    case ReduceKind::Max: return c10d::ReduceOp::MAX;
+    case ReduceKind::BitAnd: return c10d::ReduceOp::BAND;
+    case ReduceKind::BitOr: return c10d::ReduceOp::BOR;
+    case ReduceKind::BitXor: return c10d::ReduceOp::BXOR;
+    case ReduceKind::Avg: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "streamnccl: the core lowers AVG before the host communicator");
+}
+
+// The buffer itself when the op may write into it, else `output` with the input copied in.
+const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
+  if (!input.is_same(output)) {
+    output.copy_(input);
+  }
+  return output;
+}
+
+}  // namespace
+
+HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo)
+    : gloo_(std::move(gloo)) {}
+
+void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
+                                 ReduceKind op, c10::Stream /*stream: the calling thread*/) {
+  std::vector<at::Tensor> tensors{inPlace(input, output)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = toGloo(op);
+  gloo_->allreduce(tensors, opts)->wait();
+}
+
+void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
+                                 c10::Stream /*stream*/) {
+  std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  gloo_->broadcast(tensors, opts)->wait();
+}
+
+void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
+                                 c10::Stream /*stream*/) {
+  at::Tensor in = input;
+  at::Tensor out = output;
+  gloo_->_allgather_base(out, in)->wait();
+}
+
+}  // namespace streamnccl

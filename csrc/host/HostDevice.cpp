@@ -1,0 +1,82 @@
+#include "host/HostDevice.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <mutex>
+
+namespace streamnccl {
+namespace {
+
+// Completion of a marked point, shared with the tasks that signal and wait for it.
+struct Signal {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool done = false;
+
+  void set() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+    }
+    changed.notify_all();
+  }
+  bool waitFor(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return changed.wait_for(lock, timeout, [&] { return done; });
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return done; });
+  }
+};
+
+class HostEvent final : public Event {
+ public:
+  explicit HostEvent(HostDevice& device) : device_(device) {}
+
+  void record(c10::Stream stream) override {
+    signal_ = std::make_shared<Signal>();
+    if (stream.id() == HostDevice::kCallerStream) {
+      signal_->set();  // the caller is synchronous: what it enqueued has run
+    } else {
+      device_.enqueue(stream, [signal = signal_] { signal->set(); });
+    }
+  }
+
+  void block(c10::Stream stream) override {
+    TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event blocked on before being recorded");
+    if (stream.id() == HostDevice::kCallerStream) {
+      signal_->wait();
+    } else {
+      device_.enqueue(stream, [signal = signal_] { signal->wait(); });
+    }
+  }
+
+  bool query() override { return signal_ && signal_->waitFor(std::chrono::milliseconds(0)); }
+
+  bool synchronize(std::chrono::milliseconds timeout) override {
+    TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event synchronized before being recorded");
+    return signal_->waitFor(timeout);
+  }
+
+ private:
+  HostDevice& device_;
+  std::shared_ptr<Signal> signal_;
+};
+
+}  // namespace
+
+std::unique_ptr<Event> HostDevice::createEvent() { return std::make_unique<HostEvent>(*this); }
+
+void HostDevice::enqueue(c10::Stream stream, std::function<void()> task) {
+  if (stream.id() == kCallerStream) {
+    // Runs in order with the worker's tasks, so host ops keep program order, and returns when
+    // done: a sync host op's result is ready when the call returns.
+    worker_.runInOrder(task);
+  } else {
+    worker_.enqueue(std::move(task));
+  }
+}
+
+}  // namespace streamnccl

@@ -1,0 +1,19 @@
+#pragma once
+
+#include "core/Path.hpp"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+namespace streamnccl {
+
+// Opens the host path for CPU tensors: one worker-thread device and a Gloo communicator.
+class HostPathFactory final : public PathFactory {
+ public:
+  explicit HostPathFactory(c10::intrusive_ptr<c10d::Backend> gloo) : gloo_(std::move(gloo)) {}
+  std::unique_ptr<Path> open(const c10::Device& device) override;
+
+ private:
+  const c10::intrusive_ptr<c10d::Backend> gloo_;
+};
+
+}  // namespace streamnccl

@@ -1,0 +1,75 @@
+#include "host/HostWorker.hpp"
+
+namespace streamnccl {
+
+HostWorker::HostWorker() : thread_([this] { loop(); }) {}
+
+HostWorker::~HostWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  // Joining from the worker itself (the last owner released inside a task) would deadlock.
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void HostWorker::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  wake_.notify_one();
+}
+
+void HostWorker::runInOrder(const std::function<void()>& task) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!busy_ && tasks_.empty()) {
+      busy_ = true;
+    } else {
+      bool done = false;
+      tasks_.push_back([&] {
+        task();
+        std::lock_guard<std::mutex> doneLock(mutex_);
+        done = true;
+      });
+      wake_.notify_one();
+      // `idle_` is notified after every task, so this wakes once ours has run.
+      idle_.wait(lock, [&] { return done; });
+      return;
+    }
+  }
+  task();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+  }
+  // Tasks enqueued while the caller ran this one are waiting for the worker.
+  wake_.notify_one();
+}
+
+void HostWorker::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [&] { return (!tasks_.empty() && !busy_) || (stopping_ && !busy_); });
+    if (tasks_.empty()) {
+      return;  // stopping, and nothing left to run
+    }
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    task();
+    task = nullptr;  // release what the task held before the next one starts
+    lock.lock();
+    busy_ = false;
+    idle_.notify_all();
+  }
+}
+
+}  // namespace streamnccl

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Style checks: ruff for Python, clang-format for C++ (configs at the top level).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+"${PYTHON:-python3}" -m ruff check python tests examples setup.py
+"${PYTHON:-python3}" -m ruff format --check python tests examples setup.py
+if ! command -v clang-format >/dev/null; then
+  apt-get install -y -qq clang-format >/dev/null
+fi
+find csrc -name '*.cpp' -o -name '*.hpp' | xargs clang-format --dry-run --Werror

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: sets everything up, then trains a small model with DDP on 2 ranks over the
+# streamnccl backend (on GPUs when there are at least 2, else on CPU).
+# Extra arguments go to the example, e.g. `bash scripts/train.sh --steps 50`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec "${PYTHON:-python3}" -m torch.distributed.run --nproc-per-node "${NPROC:-2}" \
+  examples/ddp_train.py "$@"

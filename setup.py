@@ -1,0 +1,81 @@
+"""Builds streamnccl._C: the core and host path always, the NCCL path when torch is a CUDA
+build and NCCL is found (NCCL_HOME, then the pip `nvidia.nccl` package, then CUDA_HOME).
+
+Install with `pip install --no-build-isolation -e .` so the extension builds against the
+torch already installed (build isolation would fetch another one).
+"""
+
+import os
+from pathlib import Path
+
+import torch
+from setuptools import setup
+from torch.utils import cpp_extension
+
+VERSION = "0.1.0"
+ROOT = Path(__file__).resolve().parent
+
+
+def cpp_sources(*folders):
+    return sorted(str(p.relative_to(ROOT)) for f in folders for p in (ROOT / f).glob("*.cpp"))
+
+
+def nccl_candidates():
+    """Folders that may hold include/nccl.h and lib/libnccl.so*, in the order we trust them."""
+    if os.environ.get("NCCL_HOME"):
+        yield Path(os.environ["NCCL_HOME"])
+    try:
+        import nvidia.nccl  # the NCCL torch itself loads
+
+        yield from (Path(p) for p in nvidia.nccl.__path__)
+    except ImportError:
+        pass
+    if cpp_extension.CUDA_HOME:
+        yield Path(cpp_extension.CUDA_HOME)
+
+
+def find_nccl():
+    for home in nccl_candidates():
+        include = home / "include"
+        for lib in (home / "lib", home / "lib64", home / "lib" / "x86_64-linux-gnu"):
+            if (include / "nccl.h").exists() and list(lib.glob("libnccl.so*")):
+                return include, lib
+    return None
+
+
+def nccl_wanted():
+    if os.environ.get("STREAMNCCL_BUILD_NCCL", "1") == "0":
+        return False
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def make_extension():
+    common = dict(
+        name="streamnccl._C",
+        include_dirs=[str(ROOT / "csrc")],
+        define_macros=[("STREAMNCCL_VERSION", f'"{VERSION}"')],
+        extra_compile_args={"cxx": ["-O2", "-std=c++17", "-Wall", "-Wno-unused-function"]},
+    )
+    nccl = find_nccl() if nccl_wanted() else None
+    if nccl is None:
+        if nccl_wanted():
+            print("streamnccl: NCCL not found (NCCL_HOME, nvidia.nccl, CUDA_HOME); host path only")
+        return cpp_extension.CppExtension(sources=cpp_sources("csrc", "csrc/core", "csrc/host"), **common)
+    include, lib = nccl
+    print(f"streamnccl: building the NCCL path against {include / 'nccl.h'}")
+    common["include_dirs"].append(str(include))
+    common["define_macros"].append(("STREAMNCCL_WITH_NCCL", "1"))
+    return cpp_extension.CUDAExtension(
+        sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/cuda"),
+        library_dirs=[str(lib)],
+        # The pip wheel ships only the versioned soname.
+        extra_link_args=["-l:libnccl.so.2", f"-Wl,-rpath,{lib}"],
+        **common,
+    )
+
+
+setup(
+    version=VERSION,
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)
