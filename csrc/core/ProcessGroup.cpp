@@ -194,6 +194,7 @@ c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) const 
   if (auto bound = getBoundDeviceId()) {
     return *bound;
   }
+  std::lock_guard<std::mutex> lock(pathsMutex_);
   return lastAcceleratorDevice_.value_or(c10::Device(c10::kCPU));
 }
 

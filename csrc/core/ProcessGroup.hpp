@@ -69,7 +69,7 @@ class ProcessGroup final : public c10d::Backend {
   const c10::intrusive_ptr<streamnccl::Options> options_;
   const PathFactories factories_;
 
-  std::mutex pathsMutex_;
+  mutable std::mutex pathsMutex_;
   std::unordered_map<c10::Device, std::unique_ptr<Path>> paths_;
   std::optional<c10::Device> lastAcceleratorDevice_;
 
