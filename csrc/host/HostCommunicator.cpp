@@ -51,8 +51,9 @@ void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
                                  c10::Stream /*stream*/) {
-  at::Tensor in = input;
-  at::Tensor out = output;
+  // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
+  at::Tensor in = input.view(-1);
+  at::Tensor out = output.view(-1);
   gloo_->_allgather_base(out, in)->wait();
 }
 

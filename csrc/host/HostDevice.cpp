@@ -48,7 +48,7 @@ class HostEvent final : public Event {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event blocked on before being recorded");
     if (stream.id() == HostDevice::kCallerStream) {
       signal_->wait();
-    } else {
+    } else if (!query()) {  // an already-passed point needs no task on the worker
       device_.enqueue(stream, [signal = signal_] { signal->wait(); });
     }
   }

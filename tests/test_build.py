@@ -1,0 +1,85 @@
+"""Registration, info() and the build check: the NCCL path must be compiled and linked
+wherever torch is a CUDA build, GPU or not."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import streamnccl
+
+
+def test_import_registers_backend_for_cpu_and_cuda():
+    assert "streamnccl" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["streamnccl"] == ["cpu", "cuda"]
+    assert dist.Backend.STREAMNCCL == "streamnccl"
+
+
+def test_info_reports_versions_and_paths():
+    info = streamnccl.info()
+    assert info["streamnccl"] == streamnccl.__version__
+    assert info["torch"] == torch.__version__
+    assert "host" in info["paths"]
+    if "nccl" in info["paths"]:
+        major, minor, patch = (int(x) for x in info["nccl_loaded"].split("."))
+        assert (major, minor) >= (2, 0)
+        assert info["nccl_compiled"].count(".") == 2
+        assert info["cuda_compiled"] is not None
+
+
+def test_nccl_path_is_built_when_torch_is_a_cuda_build():
+    """Fails, not skips: a CUDA torch must give a build with the NCCL path."""
+    info = streamnccl.info()
+    if torch.version.cuda is None:
+        assert info["paths"] == ["host"], "a CPU-only torch builds the host path only"
+        assert info["nccl_compiled"] is None
+    else:
+        assert "nccl" in info["paths"], f"torch {torch.__version__} is a CUDA build: {info}"
+        # The NCCL loaded at run time is the one torch loads; it must be usable.
+        assert info["nccl_loaded"] is not None
+
+
+def test_extension_links_the_nccl_library():
+    info = streamnccl.info()
+    if torch.version.cuda is None:
+        pytest.skip("CPU-only torch: no NCCL to link")
+    libs = subprocess.run(
+        ["ldd", streamnccl._C.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    assert "libnccl.so.2" in libs, libs
+    assert "nccl" in info["paths"]
+
+
+def test_python_dash_m_prints_info_as_json():
+    out = subprocess.run(
+        [sys.executable, "-m", "streamnccl"], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    printed = json.loads(out)
+    assert printed["streamnccl"] == streamnccl.__version__
+    assert printed["paths"] == streamnccl.info()["paths"]
+
+
+def test_options_explicit_values_win_over_environment(monkeypatch):
+    monkeypatch.setenv("STREAMNCCL_BLOCKING_WAIT", "1")
+    monkeypatch.setenv("STREAMNCCL_HIGH_PRIORITY_STREAMS", "0")
+    resolved = streamnccl.Options(high_priority_streams=True).resolved()
+    assert resolved.high_priority_streams is True  # explicit
+    assert resolved.blocking_wait is True  # from the environment
+    assert streamnccl.Options().resolved().high_priority_streams is False
+
+
+def test_options_default_when_environment_is_unset(monkeypatch):
+    monkeypatch.delenv("STREAMNCCL_BLOCKING_WAIT", raising=False)
+    monkeypatch.delenv("STREAMNCCL_HIGH_PRIORITY_STREAMS", raising=False)
+    resolved = streamnccl.Options().resolved()
+    assert resolved.blocking_wait is False
+    assert resolved.high_priority_streams is False
+
+
+def test_options_reject_a_malformed_environment_value(monkeypatch):
+    monkeypatch.setenv("STREAMNCCL_BLOCKING_WAIT", "maybe")
+    with pytest.raises(ValueError, match="STREAMNCCL_BLOCKING_WAIT='maybe' is not a boolean"):
+        streamnccl.Options().resolved()
