@@ -60,7 +60,9 @@ def make_extension():
     if nccl is None:
         if nccl_wanted():
             print("streamnccl: NCCL not found (NCCL_HOME, nvidia.nccl, CUDA_HOME); host path only")
-        return cpp_extension.CppExtension(sources=cpp_sources("csrc", "csrc/core", "csrc/host"), **common)
+        return cpp_extension.CppExtension(
+            sources=cpp_sources("csrc", "csrc/core", "csrc/host"), **common
+        )
     include, lib = nccl
     print(f"streamnccl: building the NCCL path against {include / 'nccl.h'}")
     common["include_dirs"].append(str(include))
@@ -74,8 +76,17 @@ def make_extension():
     )
 
 
+class IncrementalBuildExtension(cpp_extension.BuildExtension):
+    """Keeps object files in build/ even for pip's editable builds, which would otherwise
+    compile everything again in a fresh temporary folder; ninja then rebuilds what changed."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = str(ROOT / "build" / "temp")
+
+
 setup(
     version=VERSION,
     ext_modules=[make_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": IncrementalBuildExtension.with_options(use_ninja=True)},
 )

@@ -81,8 +81,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("blocking_wait") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
-      .def("resolved", [](const Options& self) { return Options::fromEnv(self); },
-           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
+      .def(
+          "resolved", [](const Options& self) { return Options::fromEnv(self); },
+          "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
 
   py::class_<ProcessGroup, c10d::Backend, c10::intrusive_ptr<ProcessGroup>>(m, "ProcessGroup")
       .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),

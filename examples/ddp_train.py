@@ -84,10 +84,15 @@ def main():
     identical = not differing_ranks
     loss_went_down = losses[-1] < losses[0]  # losses are all-reduced: every rank agrees
     if rank == 0:
-        print(f"parameters identical on all {world_size} ranks" if identical
-              else f"parameters DIFFER: ranks {differing_ranks} do not match rank 0")
-        print(f"loss {'went down' if loss_went_down else 'did NOT go down'}: "
-              f"{losses[0]:.5f} -> {losses[-1]:.5f}")
+        print(
+            f"parameters identical on all {world_size} ranks"
+            if identical
+            else f"parameters DIFFER: ranks {differing_ranks} do not match rank 0"
+        )
+        print(
+            f"loss {'went down' if loss_went_down else 'did NOT go down'}: "
+            f"{losses[0]:.5f} -> {losses[-1]:.5f}"
+        )
     dist.destroy_process_group()
     sys.exit(0 if identical and loss_went_down else 1)
 

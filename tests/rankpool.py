@@ -56,14 +56,19 @@ def _worker(rank, world_size, backend, store_port, timeout_s, conn, parent_pid):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         torch.set_num_threads(1)  # world_size processes share a few cores
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
-                          RANK=str(rank), WORLD_SIZE=str(world_size))
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(store_port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+        )
         if "streamnccl" in backend:
             import streamnccl  # noqa: F401  (registers the backend with torch.distributed)
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
-                                timeout=timeout)
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, store=store, timeout=timeout
+        )
         ctx = RankContext(rank, world_size, dist.new_group(backend="gloo"))
     except BaseException:
         _send(conn, "error", traceback.format_exc())
@@ -115,9 +120,19 @@ class RankPool:
         for rank in range(self.world_size):
             parent_end, child_end = spawn.Pipe()
             proc = spawn.Process(
-                target=_worker, name=f"rank{rank}", daemon=True,
-                args=(rank, self.world_size, self.backend, self._store.port,
-                      self.timeout_s, child_end, os.getpid()))
+                target=_worker,
+                name=f"rank{rank}",
+                daemon=True,
+                args=(
+                    rank,
+                    self.world_size,
+                    self.backend,
+                    self._store.port,
+                    self.timeout_s,
+                    child_end,
+                    os.getpid(),
+                ),
+            )
             proc.start()
             child_end.close()  # so a dead child shows up as EOF on our end
             self._procs.append(proc)
@@ -154,11 +169,16 @@ class RankPool:
                     pending.discard(rank)
             if any(kind != "ok" for kind, _ in replies.values()):
                 deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
-        failures = [f"rank {r} failed in {what}:\n{text}"
-                    for r, (kind, text) in sorted(replies.items()) if kind != "ok"]
+        failures = [
+            f"rank {r} failed in {what}:\n{text}"
+            for r, (kind, text) in sorted(replies.items())
+            if kind != "ok"
+        ]
         if pending:
-            failures.append(f"ranks {sorted(pending)} did not answer within "
-                            f"{time.monotonic() - start:.0f} s: probable hang in {what}")
+            failures.append(
+                f"ranks {sorted(pending)} did not answer within "
+                f"{time.monotonic() - start:.0f} s: probable hang in {what}"
+            )
         if pending or any(kind == "died" for kind, _ in replies.values()):
             self._kill()
         if failures:

@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
-
-import streamnccl
 
 
 def test_import_registers_backend_for_cpu_and_cuda():
@@ -55,7 +54,11 @@ def test_extension_links_the_nccl_library():
 
 def test_python_dash_m_prints_info_as_json():
     out = subprocess.run(
-        [sys.executable, "-m", "streamnccl"], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-m", "streamnccl"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout
     printed = json.loads(out)
     assert printed["streamnccl"] == streamnccl.__version__

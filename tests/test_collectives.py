@@ -185,7 +185,7 @@ def _allgather(ctx, mode, dtype, shape):
     dist.all_gather(expected, x, group=ctx.gloo)
     outputs = [torch.full_like(x, -1) for _ in range(ctx.world_size)]
     run_op(lambda a: dist.all_gather(outputs, x, async_op=a), mode)
-    for got, want in zip(outputs, expected):
+    for got, want in zip(outputs, expected, strict=True):
         assert torch.equal(got, want)
     # Closed form: slot r holds rank r's number.
     mine = torch.full((3,), ctx.rank, dtype=torch.int64)

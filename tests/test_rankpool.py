@@ -86,8 +86,9 @@ def test_hang_fails_within_timeout_and_next_run_gets_fresh_pool(rank_pools):
     with pytest.raises(AssertionError) as failure:
         rank_pools(2).run(_sleep_forever_on_rank_1, timeout=3)
     assert time.monotonic() - started < 8
-    assert ("ranks [1] did not answer within 3 s: probable hang in _sleep_forever_on_rank_1"
-            in str(failure.value))
+    assert "ranks [1] did not answer within 3 s: probable hang in _sleep_forever_on_rank_1" in str(
+        failure.value
+    )
     after = rank_pools(2).run(_identify)
     assert {pid for _, _, pid in after}.isdisjoint(pid for _, _, pid in before)
     for _, _, pid in before:
@@ -98,8 +99,10 @@ def test_hang_fails_within_timeout_and_next_run_gets_fresh_pool(rank_pools):
 def test_crashed_rank_is_reported_at_once(rank_pools):
     # Restarting after this kill works as after a hang (tested above), so it is not redone.
     started = time.monotonic()
-    with pytest.raises(AssertionError, match="rank 1 failed in _exit_abruptly_on_rank_1:\n"
-                                             "process exited with code 3"):
+    with pytest.raises(
+        AssertionError,
+        match="rank 1 failed in _exit_abruptly_on_rank_1:\nprocess exited with code 3",
+    ):
         rank_pools(2).run(_exit_abruptly_on_rank_1)
     assert time.monotonic() - started < 5  # noticed by its exit, not by the timeout
 

@@ -10,8 +10,8 @@ namespace streamnccl::checks {
 
 const at::Tensor& singleTensor(const char* op, const char* arg,
                                const std::vector<at::Tensor>& tensors) {
-  STREAMNCCL_CHECK_ARG(tensors.size() == 1, op, "expected exactly one tensor in `", arg,
-                       "`, got ", tensors.size(),
+  STREAMNCCL_CHECK_ARG(tensors.size() == 1, op, "expected exactly one tensor in `", arg, "`, got ",
+                       tensors.size(),
                        " (one tensor per process; multi-device lists are not supported)");
   dense(op, arg, tensors[0]);
   return tensors[0];
@@ -39,9 +39,9 @@ void sameDeviceAndDtype(const char* op, const char* arg, const at::Tensor& refer
                         reference.scalar_type(), "; they must match");
 }
 
-const std::vector<at::Tensor>& allGatherOutputs(
-    const char* op, const std::vector<std::vector<at::Tensor>>& outputs, const at::Tensor& input,
-    int size) {
+const std::vector<at::Tensor>& allGatherOutputs(const char* op,
+                                                const std::vector<std::vector<at::Tensor>>& outputs,
+                                                const at::Tensor& input, int size) {
   STREAMNCCL_CHECK_ARG(outputs.size() == 1, op,
                        "expected one output list (one tensor per process), got ", outputs.size());
   const auto& list = outputs[0];
@@ -50,8 +50,8 @@ const std::vector<at::Tensor>& allGatherOutputs(
   for (const auto i : c10::irange(list.size())) {
     const std::string arg = "output_tensor_list[" + std::to_string(i) + "]";
     sameDeviceAndDtype(op, arg.c_str(), input, list[i]);
-    STREAMNCCL_CHECK_ARG(list[i].numel() == input.numel(), op, "`", arg, "` has ",
-                         list[i].numel(), " elements (shape ", list[i].sizes(),
+    STREAMNCCL_CHECK_ARG(list[i].numel() == input.numel(), op, "`", arg, "` has ", list[i].numel(),
+                         " elements (shape ", list[i].sizes(),
                          "), expected as many as the input: ", input.numel(), " (shape ",
                          input.sizes(), ")");
   }

@@ -25,8 +25,8 @@ void sameDeviceAndDtype(const char* op, const char* arg, const at::Tensor& refer
                         const at::Tensor& tensor);
 
 // A list allgather output: one list of `size` tensors, each as many elements as `input`.
-const std::vector<at::Tensor>& allGatherOutputs(
-    const char* op, const std::vector<std::vector<at::Tensor>>& outputs, const at::Tensor& input,
-    int size);
+const std::vector<at::Tensor>& allGatherOutputs(const char* op,
+                                                const std::vector<std::vector<at::Tensor>>& outputs,
+                                                const at::Tensor& input, int size);
 
 }  // namespace streamnccl::checks

@@ -32,8 +32,7 @@ class Communicator {
   virtual void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                          c10::Stream stream) = 0;
   // `output` holds size() * input.numel() elements, rank r's input at offset r * count.
-  virtual void allGather(const at::Tensor& input, const at::Tensor& output,
-                         c10::Stream stream) = 0;
+  virtual void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) = 0;
 };
 
 }  // namespace streamnccl

@@ -8,14 +8,22 @@ namespace streamnccl {
 
 std::string toString(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::Sum: return "SUM";
-    case ReduceKind::Avg: return "AVG";
-    case ReduceKind::Product: return "PRODUCT";
-    case ReduceKind::Min: return "MIN";
-    case ReduceKind::Max: return "MAX";
-    case ReduceKind::BitAnd: return "BAND";
-    case ReduceKind::BitOr: return "BOR";
-    case ReduceKind::BitXor: return "BXOR";
+    case ReduceKind::Sum:
+      return "SUM";
+    case ReduceKind::Avg:
+      return "AVG";
+    case ReduceKind::Product:
+      return "PRODUCT";
+    case ReduceKind::Min:
+      return "MIN";
+    case ReduceKind::Max:
+      return "MAX";
+    case ReduceKind::BitAnd:
+      return "BAND";
+    case ReduceKind::BitOr:
+      return "BOR";
+    case ReduceKind::BitXor:
+      return "BXOR";
   }
   return "unknown";
 }
@@ -25,14 +33,30 @@ namespace lowering {
 ReduceKind reduceKind(const char* op, const c10d::ReduceOp& reduceOp, at::ScalarType dtype) {
   ReduceKind kind = ReduceKind::Sum;
   switch (reduceOp.op_) {
-    case c10d::ReduceOp::SUM: kind = ReduceKind::Sum; break;
-    case c10d::ReduceOp::AVG: kind = ReduceKind::Avg; break;
-    case c10d::ReduceOp::PRODUCT: kind = ReduceKind::Product; break;
-    case c10d::ReduceOp::MIN: kind = ReduceKind::Min; break;
-    case c10d::ReduceOp::MAX: kind = ReduceKind::Max; break;
-    case c10d::ReduceOp::BAND: kind = ReduceKind::BitAnd; break;
-    case c10d::ReduceOp::BOR: kind = ReduceKind::BitOr; break;
-    case c10d::ReduceOp::BXOR: kind = ReduceKind::BitXor; break;
+    case c10d::ReduceOp::SUM:
+      kind = ReduceKind::Sum;
+      break;
+    case c10d::ReduceOp::AVG:
+      kind = ReduceKind::Avg;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      kind = ReduceKind::Product;
+      break;
+    case c10d::ReduceOp::MIN:
+      kind = ReduceKind::Min;
+      break;
+    case c10d::ReduceOp::MAX:
+      kind = ReduceKind::Max;
+      break;
+    case c10d::ReduceOp::BAND:
+      kind = ReduceKind::BitAnd;
+      break;
+    case c10d::ReduceOp::BOR:
+      kind = ReduceKind::BitOr;
+      break;
+    case c10d::ReduceOp::BXOR:
+      kind = ReduceKind::BitXor;
+      break;
     default:
       STREAMNCCL_CHECK_ARG(false, op, "reduce op ", static_cast<int>(reduceOp.op_),
                            " (PREMUL_SUM) is not supported yet; expected SUM, AVG, PRODUCT, MIN, "

@@ -65,13 +65,12 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Body bo
               getGroupUid(),
               launch.shapeOf.sizes().vec(),
               launch.shapeOf.scalar_type()};
-  const auto timeout =
-      launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
+  const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
   auto outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
                                              futureDevices(path.device->device()));
-  auto work = c10::make_intrusive<Work>(info, launch.opType, path.device, outcome,
-                                        launch.outputs, timeout,
-                                        launch.blockHostOnWait || options_->useBlockingWait());
+  auto work =
+      c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
+                                launch.blockHostOnWait || options_->useBlockingWait());
 
   Device& device = *path.device;
   const c10::Stream current = device.currentStream();
@@ -125,8 +124,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
   const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
   const ReduceKind kind = lowering::reduceKind(op, opts.reduceOp, tensor.scalar_type());
   Path& path = pathFor(tensor.device(), op);
-  const bool averageBySum =
-      kind == ReduceKind::Avg && lowering::averageBySum(op, *path.communicator, tensor.scalar_type());
+  const bool averageBySum = kind == ReduceKind::Avg &&
+                            lowering::averageBySum(op, *path.communicator, tensor.scalar_type());
   const int size = getSize();
 
   return launch({op, c10d::OpType::ALLREDUCE, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
@@ -171,8 +170,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
   const int size = getSize();
 
   return launch(
-      {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout},
-      path, [input, outputs, size](Communicator& comm, c10::Stream stream) {
+      {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
+      [input, outputs, size](Communicator& comm, c10::Stream stream) {
         const at::Tensor dense = lowering::contiguous(input);
         // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
         const at::Tensor gathered = at::empty({size * dense.numel()}, dense.options());
@@ -205,7 +204,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
   const c10::Device device = barrierDevice(opts);
   Path& path = pathFor(device, op);
   const at::Tensor token = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
-  return launch({op, c10d::OpType::BARRIER, token, {token}, {token}, /*async=*/true, opts.timeout,
+  return launch({op,
+                 c10d::OpType::BARRIER,
+                 token,
+                 {token},
+                 {token},
+                 /*async=*/true,
+                 opts.timeout,
                  /*blockHostOnWait=*/true},
                 path, [token](Communicator& comm, c10::Stream stream) {
                   comm.allReduce(token, token, ReduceKind::Sum, stream);

@@ -6,7 +6,7 @@ namespace streamnccl {
 
 OpOutcome::OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevices)
     : future_(c10::make_intrusive<c10::ivalue::Future>(std::move(valueType),
-                                                      std::move(futureDevices))) {}
+                                                       std::move(futureDevices))) {}
 
 void OpOutcome::succeed(const std::vector<at::Tensor>& outputs) {
   future_->markCompleted(c10::IValue(outputs));

@@ -45,9 +45,8 @@ c10::Stream CudaDevice::currentStream() {
 }
 
 c10::Stream CudaDevice::internalStream() {
-  std::call_once(internalCreated_, [&] {
-    internal_ = c10::cuda::getStreamFromPool(highPriority_, device_.index());
-  });
+  std::call_once(internalCreated_,
+                 [&] { internal_ = c10::cuda::getStreamFromPool(highPriority_, device_.index()); });
   return internal_->unwrap();
 }
 

@@ -15,38 +15,58 @@ cudaStream_t cudaStreamOf(c10::Stream stream) { return c10::cuda::CUDAStream(str
 
 ncclDataType_t ncclType(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-    case at::kBFloat16: return ncclBfloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
 #endif
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
-    case at::kFloat8_e4m3fn: return ncclFloat8e4m3;
-    case at::kFloat8_e5m2: return ncclFloat8e5m2;
+    case at::kFloat8_e4m3fn:
+      return ncclFloat8e4m3;
+    case at::kFloat8_e5m2:
+      return ncclFloat8e5m2;
 #endif
-    case at::kChar: return ncclInt8;
-    case at::kByte: return ncclUint8;
-    case at::kBool: return ncclUint8;  // the core lowers bool reductions to MIN/MAX
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kUInt32: return ncclUint32;
-    case at::kUInt64: return ncclUint64;
-    default: break;
+    case at::kChar:
+      return ncclInt8;
+    case at::kByte:
+      return ncclUint8;
+    case at::kBool:
+      return ncclUint8;  // the core lowers bool reductions to MIN/MAX
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kUInt32:
+      return ncclUint32;
+    case at::kUInt64:
+      return ncclUint64;
+    default:
+      break;
   }
   TORCH_CHECK_TYPE(false, "streamnccl: dtype ", dtype, " has no NCCL equivalent");
 }
 
 ncclRedOp_t ncclOp(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::Sum: return ncclSum;
-    case ReduceKind::Product: return ncclProd;
-    case ReduceKind::Min: return ncclMin;
-    case ReduceKind::Max: return ncclMax;
-    case ReduceKind::Avg: return ncclAvg;
+    case ReduceKind::Sum:
+      return ncclSum;
+    case ReduceKind::Product:
+      return ncclProd;
+    case ReduceKind::Min:
+      return ncclMin;
+    case ReduceKind::Max:
+      return ncclMax;
+    case ReduceKind::Avg:
+      return ncclAvg;
     case ReduceKind::BitAnd:
     case ReduceKind::BitOr:
-    case ReduceKind::BitXor: break;
+    case ReduceKind::BitXor:
+      break;
   }
   TORCH_CHECK_VALUE(false, "streamnccl: reduce op ", toString(kind),
                     " is not supported by NCCL (bitwise ops run on the host path only)");
@@ -86,20 +106,20 @@ bool NcclCommunicator::supportsAvg(at::ScalarType dtype) const {
   return NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0) && at::isFloatingType(dtype);
 }
 
-void NcclCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
-                                 ReduceKind op, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(ncclAllReduce(input.data_ptr(), output.data_ptr(), input.numel(),
-                                     ncclType(input.scalar_type()), ncclOp(op), comm_,
-                                     cudaStreamOf(stream)),
-                        who_, comm_);
+void NcclCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                                 c10::Stream stream) {
+  STREAMNCCL_NCCL_CHECK(
+      ncclAllReduce(input.data_ptr(), output.data_ptr(), input.numel(),
+                    ncclType(input.scalar_type()), ncclOp(op), comm_, cudaStreamOf(stream)),
+      who_, comm_);
 }
 
 void NcclCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(ncclBroadcast(input.data_ptr(), output.data_ptr(), output.numel(),
-                                      ncclType(output.scalar_type()), root, comm_,
-                                      cudaStreamOf(stream)),
-                        who_, comm_);
+  STREAMNCCL_NCCL_CHECK(
+      ncclBroadcast(input.data_ptr(), output.data_ptr(), output.numel(),
+                    ncclType(output.scalar_type()), root, comm_, cudaStreamOf(stream)),
+      who_, comm_);
 }
 
 void NcclCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,

@@ -8,14 +8,22 @@ namespace {
 
 c10d::ReduceOp toGloo(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::Sum: return c10d::ReduceOp::SUM;
-    case ReduceKind::Product: return c10d::ReduceOp::PRODUCT;
-    case ReduceKind::Min: return c10d::ReduceOp::MIN;
-    case ReduceKind::Max: return c10d::ReduceOp::MAX;
-    case ReduceKind::BitAnd: return c10d::ReduceOp::BAND;
-    case ReduceKind::BitOr: return c10d::ReduceOp::BOR;
-    case ReduceKind::BitXor: return c10d::ReduceOp::BXOR;
-    case ReduceKind::Avg: break;
+    case ReduceKind::Sum:
+      return c10d::ReduceOp::SUM;
+    case ReduceKind::Product:
+      return c10d::ReduceOp::PRODUCT;
+    case ReduceKind::Min:
+      return c10d::ReduceOp::MIN;
+    case ReduceKind::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceKind::BitAnd:
+      return c10d::ReduceOp::BAND;
+    case ReduceKind::BitOr:
+      return c10d::ReduceOp::BOR;
+    case ReduceKind::BitXor:
+      return c10d::ReduceOp::BXOR;
+    case ReduceKind::Avg:
+      break;
   }
   TORCH_INTERNAL_ASSERT(false, "streamnccl: the core lowers AVG before the host communicator");
 }
@@ -33,8 +41,8 @@ const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
 HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo)
     : gloo_(std::move(gloo)) {}
 
-void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
-                                 ReduceKind op, c10::Stream /*stream: the calling thread*/) {
+void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                                 c10::Stream /*stream: the calling thread*/) {
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op);

@@ -1,0 +1,141 @@
+"""The Work API on the host path: wait(), wait(timeout), is_completed(), get_future() and its
+then() callbacks, result(), and the DistBackendError a timed-out wait raises."""
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+WORLD_SIZES = [2, 3]
+
+
+def _future_value_is_the_output_list(ctx):
+    x = torch.full((4,), float(ctx.rank + 1))
+    work = dist.all_reduce(x, async_op=True)
+    value = work.get_future().wait()
+    total = float(sum(range(1, ctx.world_size + 1)))
+    assert isinstance(value, list) and len(value) == 1
+    assert value[0] is x or torch.equal(value[0], x)
+    assert torch.equal(value[0], torch.full((4,), total))
+    assert work.is_completed()
+    assert [t.data_ptr() for t in work.result()] == [x.data_ptr()]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_future_value_is_the_output_list(rank_pools, world_size):
+    rank_pools(world_size).run(_future_value_is_the_output_list)
+
+
+def _future_then_runs_after_the_op(ctx):
+    # A DDP-style comm hook: divide the summed tensor in a then() callback.
+    x = torch.full((8,), 2.0)
+    fut = dist.all_reduce(x, async_op=True).get_future()
+    averaged = fut.then(lambda f: f.value()[0] / ctx.world_size).wait()
+    assert torch.equal(averaged, torch.full((8,), 2.0))
+    # Futures of list allgather carry the output list.
+    outputs = [torch.empty(2) for _ in range(ctx.world_size)]
+    fut = dist.all_gather(outputs, torch.full((2,), float(ctx.rank)), async_op=True).get_future()
+    gathered = fut.wait()
+    assert [t.tolist() for t in gathered] == [[float(r)] * 2 for r in range(ctx.world_size)]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_future_then_runs_after_the_op(rank_pools, world_size):
+    rank_pools(world_size).run(_future_then_runs_after_the_op)
+
+
+def _sync_work_is_complete_at_return(ctx):
+    x = torch.ones(3)
+    work = dist.distributed_c10d._get_default_group().allreduce([x])
+    work.wait()
+    assert work.is_completed()
+    assert torch.equal(x, torch.full((3,), float(ctx.world_size)))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_sync_work_is_complete_at_return(rank_pools, world_size):
+    rank_pools(world_size).run(_sync_work_is_complete_at_return)
+
+
+def _is_completed_does_not_block_and_wait_timeout_raises(ctx):
+    # The last rank joins 2 s late: the others see an incomplete op, and wait(timeout) raises
+    # a DistBackendError naming the op; the op still completes afterwards.
+    late = ctx.world_size - 1
+    x = torch.full((5,), float(ctx.rank))
+    if ctx.rank == late:
+        time.sleep(2.0)
+    work = dist.all_reduce(x, async_op=True)
+    if ctx.rank != late:
+        start = time.monotonic()
+        assert not work.is_completed()
+        assert time.monotonic() - start < 0.5, "is_completed() must not block"
+        with pytest.raises(dist.DistBackendError) as error:
+            work.wait(timeout=timedelta(milliseconds=300))
+        message = str(error.value)
+        assert f"[streamnccl rank {ctx.rank}/{ctx.world_size} pg=" in message
+        assert "allreduce #" in message and "([5], Float)" in message
+        assert "not completed within the timeout of 300 ms" in message
+    assert work.wait()
+    assert work.is_completed()
+    expected = float(sum(range(ctx.world_size)))
+    assert torch.equal(x, torch.full((5,), expected))
+    # The group stays usable.
+    y = torch.ones(2)
+    dist.all_reduce(y)
+    assert torch.equal(y, torch.full((2,), float(ctx.world_size)))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_wait_with_timeout_raises_dist_backend_error(rank_pools, world_size):
+    rank_pools(world_size).run(_is_completed_does_not_block_and_wait_timeout_raises)
+
+
+def _sequence_numbers_count_ops(ctx):
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    before = backend._get_sequence_number_for_group()
+    works = [dist.all_reduce(torch.ones(1), async_op=True) for _ in range(3)]
+    for work in works:
+        work.wait()
+    assert backend._get_sequence_number_for_group() == before + 3
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_sequence_numbers_count_ops(rank_pools, world_size):
+    rank_pools(world_size).run(_sequence_numbers_count_ops)
+
+
+def _dropped_async_work_still_completes(ctx):
+    # The caller drops the Work and the tensor at once; the op must still run correctly and
+    # later ops must see its effect in order.
+    x = torch.ones(100_000)
+    dist.all_reduce(x, async_op=True)
+    keep = x
+    del x
+    y = torch.ones(1)
+    dist.all_reduce(y)
+    assert torch.equal(keep, torch.full((100_000,), float(ctx.world_size)))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_dropped_async_work_still_completes(rank_pools, world_size):
+    rank_pools(world_size).run(_dropped_async_work_still_completes)
+
+
+def _blocking_wait_option(ctx):
+    import streamnccl
+
+    options = streamnccl.Options(blocking_wait=True)
+    group = dist.new_group(backend="streamnccl", pg_options=options)
+    backend = group._get_backend(torch.device("cpu"))
+    assert backend.streamnccl_options.blocking_wait is True
+    x = torch.ones(3)
+    dist.all_reduce(x, group=group, async_op=True).wait()
+    assert torch.equal(x, torch.full((3,), float(ctx.world_size)))
+    dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_pg_options_reach_the_backend(rank_pools, world_size):
+    rank_pools(world_size).run(_blocking_wait_option)
