@@ -261,3 +261,29 @@ def _many_async_in_flight(ctx):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_ops_run_in_program_order(rank_pools, world_size):
     rank_pools(world_size).run(_many_async_in_flight)
+
+
+# ---- bitwise reductions (host path) ---------------------------------------------------------
+
+BITWISE = {"BAND": dist.ReduceOp.BAND, "BOR": dist.ReduceOp.BOR, "BXOR": dist.ReduceOp.BXOR}
+
+
+def _bitwise_allreduce(ctx, op_name, mode, dtype):
+    x = torch.randint(0, 256, (64,), generator=ctx.seed(7), dtype=dtype)
+    expected = x.clone()
+    dist.all_reduce(expected, op=BITWISE[op_name], group=ctx.gloo)
+    run_op(lambda a: dist.all_reduce(x, op=BITWISE[op_name], async_op=a), mode)
+    assert torch.equal(x, expected)
+    # Closed form: one bit per rank.
+    bits = torch.tensor([1 << ctx.rank], dtype=dtype)
+    run_op(lambda a: dist.all_reduce(bits, op=BITWISE[op_name], async_op=a), mode)
+    every = (1 << ctx.world_size) - 1
+    assert bits.item() == {"BAND": 0, "BOR": every, "BXOR": every}[op_name]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op_name", list(BITWISE))
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8], ids=["int32", "uint8"])
+def test_bitwise_allreduce(rank_pools, world_size, mode, op_name, dtype):
+    rank_pools(world_size).run(_bitwise_allreduce, op_name, mode, dtype)

@@ -139,3 +139,22 @@ def _blocking_wait_option(ctx):
 @pytest.mark.parametrize("world_size", [2])
 def test_pg_options_reach_the_backend(rank_pools, world_size):
     rank_pools(world_size).run(_blocking_wait_option)
+
+
+def _sync_op_inside_a_future_callback(ctx):
+    # On the host path then() callbacks run on the group's worker; a sync collective issued
+    # there must not wait for the worker itself.
+    x = torch.ones(4)
+
+    def second_round(fut):
+        y = fut.value()[0].clone()
+        dist.all_reduce(y)
+        return y
+
+    result = dist.all_reduce(x, async_op=True).get_future().then(second_round).wait()
+    assert torch.equal(result, torch.full((4,), float(ctx.world_size**2)))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_sync_op_inside_a_future_callback(rank_pools, world_size):
+    rank_pools(world_size).run(_sync_op_inside_a_future_callback, timeout=30)

@@ -48,6 +48,8 @@ Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
   std::unique_ptr<Path> path;
   try {
     path = factory->second->open(device);
+  } catch (const c10::DistBackendError&) {
+    throw;  // a communication fault while connecting (NCCL init) is not a bad argument
   } catch (const c10::Error& e) {
     STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());
   }

@@ -44,6 +44,8 @@ void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse) {
   inUse_ = std::move(inUse);
 }
 
+// A sync op has no end event: it counts as completed for the caller's stream, where it was
+// enqueued and where everything after it is ordered (on the host it has already run).
 bool Work::isCompleted() { return end_ == nullptr || end_->query(); }
 
 bool Work::isSuccess() const { return outcome_->failure() == nullptr; }

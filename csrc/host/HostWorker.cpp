@@ -27,6 +27,12 @@ void HostWorker::enqueue(std::function<void()> task) {
 }
 
 void HostWorker::runInOrder(const std::function<void()>& task) {
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    // Called from a task (a future callback issuing a sync op): waiting for the queue would
+    // wait for ourselves. Inline is in order too: every rank runs it at the same point.
+    task();
+    return;
+  }
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!busy_ && tasks_.empty()) {
