@@ -60,7 +60,7 @@ def _cases():
             "allgather output of the wrong size",
             ValueError,
             r"allgather: `output_tensor_list\[1\]` has 5 elements \(shape \[5\]\), expected as "
-            r"many as the input: 4",
+            r"many as the single tensor: 4",
             gather_into([torch.empty(4), torch.empty(5)] + [torch.empty(4)] * (n - 2)),
         ),
         (
@@ -133,10 +133,12 @@ def _cases():
             ),
         ),
         (
-            "allreduce PREMUL_SUM (not yet supported)",
-            ValueError,
-            r"allreduce: reduce op 8 \(PREMUL_SUM\) is not supported yet",
-            lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
+            "allreduce PREMUL_SUM of integers",
+            TypeError,
+            r"allreduce: reduce op PREMUL_SUM needs a floating-point or complex dtype, got Long",
+            lambda: dist.all_reduce(
+                torch.ones(2, dtype=torch.int64), op=dist._make_nccl_premul_sum(2.0)
+            ),
         ),
         (
             "allreduce of a meta tensor",
@@ -173,7 +175,7 @@ CASE_NAMES = [
     "allreduce AVG of integers",
     "allreduce bitwise op on floats",
     "allreduce MAX of complex",
-    "allreduce PREMUL_SUM (not yet supported)",
+    "allreduce PREMUL_SUM of integers",
     "allreduce of a meta tensor",
     "allreduce of a sparse tensor",
 ]

@@ -39,23 +39,65 @@ void sameDeviceAndDtype(const char* op, const char* arg, const at::Tensor& refer
                         reference.scalar_type(), "; they must match");
 }
 
-const std::vector<at::Tensor>& allGatherOutputs(const char* op,
-                                                const std::vector<std::vector<at::Tensor>>& outputs,
-                                                const at::Tensor& input, int size) {
-  STREAMNCCL_CHECK_ARG(outputs.size() == 1, op,
-                       "expected one output list (one tensor per process), got ", outputs.size());
-  const auto& list = outputs[0];
-  STREAMNCCL_CHECK_ARG(static_cast<int>(list.size()) == size, op, "`output_tensor_list` has ",
-                       list.size(), " tensors, expected one per rank: ", size);
-  for (const auto i : c10::irange(list.size())) {
-    const std::string arg = "output_tensor_list[" + std::to_string(i) + "]";
-    sameDeviceAndDtype(op, arg.c_str(), input, list[i]);
-    STREAMNCCL_CHECK_ARG(list[i].numel() == input.numel(), op, "`", arg, "` has ", list[i].numel(),
-                         " elements (shape ", list[i].sizes(),
-                         "), expected as many as the input: ", input.numel(), " (shape ",
-                         input.sizes(), ")");
+const std::vector<at::Tensor>& rankList(const char* op, const char* arg,
+                                        const std::vector<std::vector<at::Tensor>>& lists,
+                                        const at::Tensor& reference, int size) {
+  STREAMNCCL_CHECK_ARG(lists.size() == 1, op, "expected one list in `", arg,
+                       "` (one tensor per process), got ", lists.size());
+  perRankTensors(op, arg, lists[0], reference, size);
+  for (const auto i : c10::irange(lists[0].size())) {
+    const at::Tensor& tensor = lists[0][i];
+    STREAMNCCL_CHECK_ARG(tensor.numel() == reference.numel(), op, "`", arg, "[", i, "]` has ",
+                         tensor.numel(), " elements (shape ", tensor.sizes(),
+                         "), expected as many as the single tensor: ", reference.numel(),
+                         " (shape ", reference.sizes(), ")");
   }
-  return list;
+  return lists[0];
+}
+
+void perRankTensors(const char* op, const char* arg, const std::vector<at::Tensor>& tensors,
+                    const at::Tensor& reference, int size) {
+  STREAMNCCL_CHECK_ARG(static_cast<int>(tensors.size()) == size, op, "`", arg, "` has ",
+                       tensors.size(), " tensors, expected one per rank: ", size);
+  for (const auto i : c10::irange(tensors.size())) {
+    const std::string name = std::string(arg) + "[" + std::to_string(i) + "]";
+    sameDeviceAndDtype(op, name.c_str(), reference, tensors[i]);
+  }
+}
+
+void wholeIsSizeParts(const char* op, const char* wholeArg, const at::Tensor& whole,
+                      const char* partArg, const at::Tensor& part, int size) {
+  sameDeviceAndDtype(op, wholeArg, part, whole);
+  STREAMNCCL_CHECK_ARG(whole.numel() == part.numel() * size, op, "`", wholeArg, "` has ",
+                       whole.numel(), " elements (shape ", whole.sizes(), "), expected ", size,
+                       " (world size) x ", part.numel(), " (the elements of `", partArg,
+                       "`, shape ", part.sizes(), ") = ", part.numel() * size);
+}
+
+std::vector<int64_t> splitSizes(const char* op, const char* arg, const std::vector<int64_t>& splits,
+                                const at::Tensor& tensor, int size) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  if (splits.empty()) {
+    STREAMNCCL_CHECK_ARG(rows % size == 0, op, "`", arg, "` is empty (even split), so dim 0 (",
+                         rows, ") must be divisible by the world size ", size);
+    return std::vector<int64_t>(size, rows / size);
+  }
+  STREAMNCCL_CHECK_ARG(static_cast<int>(splits.size()) == size, op, "`", arg, "` has ",
+                       splits.size(), " entries, expected one per rank: ", size);
+  int64_t total = 0;
+  for (const auto i : c10::irange(splits.size())) {
+    STREAMNCCL_CHECK_ARG(splits[i] >= 0, op, "`", arg, "[", i, "]` is ", splits[i],
+                         ", expected a size >= 0");
+    total += splits[i];
+  }
+  STREAMNCCL_CHECK_ARG(total == rows, op, "`", arg, "` sums to ", total,
+                       " rows, expected dim 0 of the tensor: ", rows);
+  return splits;
+}
+
+void peerInRange(const char* op, const char* arg, int64_t peer, int size) {
+  STREAMNCCL_CHECK_ARG(peer >= 0 && peer < size, op, "`", arg, "` is ", peer,
+                       ", expected a rank in [0, ", size, ")");
 }
 
 }  // namespace streamnccl::checks

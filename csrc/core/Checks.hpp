@@ -24,9 +24,29 @@ void rootInRange(const char* op, const char* arg, int64_t root, int size);
 void sameDeviceAndDtype(const char* op, const char* arg, const at::Tensor& reference,
                         const at::Tensor& tensor);
 
-// A list allgather output: one list of `size` tensors, each as many elements as `input`.
-const std::vector<at::Tensor>& allGatherOutputs(const char* op,
-                                                const std::vector<std::vector<at::Tensor>>& outputs,
-                                                const at::Tensor& input, int size);
+// The one list of a list op (`outputs` of allgather and gather, `inputs` of scatter and
+// reduce_scatter): `size` tensors, each on `reference`'s device and dtype with as many
+// elements.
+const std::vector<at::Tensor>& rankList(const char* op, const char* arg,
+                                        const std::vector<std::vector<at::Tensor>>& lists,
+                                        const at::Tensor& reference, int size);
+
+// A per-rank list given as a flat vector (alltoall): `size` tensors of `reference`'s device
+// and dtype.
+void perRankTensors(const char* op, const char* arg, const std::vector<at::Tensor>& tensors,
+                    const at::Tensor& reference, int size);
+
+// `whole` holds exactly `size` times the elements of `part` (the tensor forms of allgather and
+// reduce_scatter).
+void wholeIsSizeParts(const char* op, const char* wholeArg, const at::Tensor& whole,
+                      const char* partArg, const at::Tensor& part, int size);
+
+// The split sizes of alltoall_base, filled in for an even split when empty; each rank's part
+// is a block of rows (dim 0) of `tensor`.
+std::vector<int64_t> splitSizes(const char* op, const char* arg, const std::vector<int64_t>& splits,
+                                const at::Tensor& tensor, int size);
+
+// A peer rank of a point-to-point op.
+void peerInRange(const char* op, const char* arg, int64_t peer, int size);
 
 }  // namespace streamnccl::checks

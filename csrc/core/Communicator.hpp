@@ -33,6 +33,20 @@ class Communicator {
                          c10::Stream stream) = 0;
   // `output` holds size() * input.numel() elements, rank r's input at offset r * count.
   virtual void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) = 0;
+  // `output` is written on `root` only.
+  virtual void reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op, int root,
+                      c10::Stream stream) = 0;
+  // `input` holds size() * output.numel() elements; rank r receives the reduction of chunk r.
+  virtual void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                             c10::Stream stream) = 0;
+  virtual void send(const at::Tensor& input, int peer, c10::Stream stream) = 0;
+  virtual void recv(const at::Tensor& output, int peer, c10::Stream stream) = 0;
+
+  // Calls between groupStart() and groupEnd() are issued as one: they may progress in any
+  // order, so a send and a recv between the same two ranks cannot deadlock. Groups nest; the
+  // outermost groupEnd() issues. Results are ready in stream order after groupEnd().
+  virtual void groupStart() = 0;
+  virtual void groupEnd() = 0;
 };
 
 }  // namespace streamnccl

@@ -29,67 +29,142 @@ std::string toString(ReduceKind kind) {
 }
 
 namespace lowering {
+namespace {
 
-ReduceKind reduceKind(const char* op, const c10d::ReduceOp& reduceOp, at::ScalarType dtype) {
-  ReduceKind kind = ReduceKind::Sum;
-  switch (reduceOp.op_) {
+std::string opName(c10d::ReduceOp::RedOpType type) {
+  switch (type) {
     case c10d::ReduceOp::SUM:
-      kind = ReduceKind::Sum;
-      break;
+      return "SUM";
     case c10d::ReduceOp::AVG:
-      kind = ReduceKind::Avg;
-      break;
+      return "AVG";
     case c10d::ReduceOp::PRODUCT:
-      kind = ReduceKind::Product;
-      break;
+      return "PRODUCT";
     case c10d::ReduceOp::MIN:
-      kind = ReduceKind::Min;
-      break;
+      return "MIN";
     case c10d::ReduceOp::MAX:
-      kind = ReduceKind::Max;
-      break;
+      return "MAX";
     case c10d::ReduceOp::BAND:
-      kind = ReduceKind::BitAnd;
-      break;
+      return "BAND";
     case c10d::ReduceOp::BOR:
-      kind = ReduceKind::BitOr;
-      break;
+      return "BOR";
     case c10d::ReduceOp::BXOR:
-      kind = ReduceKind::BitXor;
-      break;
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
     default:
-      STREAMNCCL_CHECK_ARG(false, op, "reduce op ", static_cast<int>(reduceOp.op_),
-                           " (PREMUL_SUM) is not supported yet; expected SUM, AVG, PRODUCT, MIN, "
-                           "MAX, BAND, BOR or BXOR");
+      return "op " + std::to_string(static_cast<int>(type));
   }
-  if (at::isComplexType(dtype)) {
-    STREAMNCCL_CHECK_TYPE(kind == ReduceKind::Sum || kind == ReduceKind::Avg, op, "reduce op ",
-                          toString(kind), " is not defined for complex dtype ", dtype,
-                          "; expected SUM or AVG");
-  }
-  const bool bitwise =
-      kind == ReduceKind::BitAnd || kind == ReduceKind::BitOr || kind == ReduceKind::BitXor;
-  if (bitwise) {
-    STREAMNCCL_CHECK_TYPE(at::isIntegralType(dtype, /*includeBool=*/true), op, "reduce op ",
-                          toString(kind), " needs an integer or bool dtype, got ", dtype);
-  }
-  return kind;
 }
 
-bool averageBySum(const char* op, const Communicator& communicator, at::ScalarType dtype) {
-  if (communicator.supportsAvg(dtype)) {
-    return false;
+at::Tensor premulFactor(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor) {
+  auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
+  STREAMNCCL_CHECK_ARG(supplement != nullptr, op,
+                       "PREMUL_SUM needs a factor; make the op with "
+                       "torch.distributed._make_nccl_premul_sum(factor)");
+  if (supplement->tensor_factor.defined()) {
+    const at::Tensor& factor = supplement->tensor_factor;
+    STREAMNCCL_CHECK_ARG(factor.numel() == 1, op, "PREMUL_SUM factor must have one element, got ",
+                         factor.numel());
+    STREAMNCCL_CHECK_ARG(factor.device() == tensor.device(), op, "PREMUL_SUM factor is on ",
+                         factor.device(), " but the tensor is on ", tensor.device());
+    return factor.to(tensor.scalar_type()).reshape({});
   }
-  STREAMNCCL_CHECK_TYPE(at::isFloatingType(dtype) || at::isComplexType(dtype), op,
-                        "reduce op AVG needs a floating-point or complex dtype, got ", dtype,
-                        " (an integer mean is not an integer; use SUM and divide)");
-  return true;
+  return at::scalar_tensor(supplement->double_factor, tensor.options());
+}
+
+}  // namespace
+
+Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
+                    const Communicator& communicator) {
+  const at::ScalarType dtype = tensor.scalar_type();
+  const c10d::ReduceOp::RedOpType type = reduceOp.op_;
+  const std::string name = opName(type);
+  if (at::isComplexType(dtype)) {
+    STREAMNCCL_CHECK_TYPE(c10d::isComplexViewAsRealAllowed(reduceOp), op, "reduce op ", name,
+                          " is not defined for complex dtype ", dtype,
+                          "; expected SUM, AVG or PREMUL_SUM");
+  }
+  Reduction lowered;
+  switch (type) {
+    case c10d::ReduceOp::SUM:
+      lowered.kind = ReduceKind::Sum;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      lowered.kind = ReduceKind::Product;
+      break;
+    case c10d::ReduceOp::MIN:
+      lowered.kind = ReduceKind::Min;
+      break;
+    case c10d::ReduceOp::MAX:
+      lowered.kind = ReduceKind::Max;
+      break;
+    case c10d::ReduceOp::BAND:
+      lowered.kind = ReduceKind::BitAnd;
+      break;
+    case c10d::ReduceOp::BOR:
+      lowered.kind = ReduceKind::BitOr;
+      break;
+    case c10d::ReduceOp::BXOR:
+      lowered.kind = ReduceKind::BitXor;
+      break;
+    case c10d::ReduceOp::AVG:
+      STREAMNCCL_CHECK_TYPE(at::isFloatingType(dtype) || at::isComplexType(dtype), op,
+                            "reduce op AVG needs a floating-point or complex dtype, got ", dtype,
+                            " (an integer mean is not an integer; use SUM and divide)");
+      lowered.kind = ReduceKind::Avg;
+      if (!communicator.supportsAvg(dtype)) {
+        lowered.kind = ReduceKind::Sum;
+        lowered.divideBySize = true;
+      }
+      break;
+    case c10d::ReduceOp::PREMUL_SUM:
+      STREAMNCCL_CHECK_TYPE(at::isFloatingType(dtype) || at::isComplexType(dtype), op,
+                            "reduce op PREMUL_SUM needs a floating-point or complex dtype, got ",
+                            dtype);
+      lowered.kind = ReduceKind::Sum;
+      lowered.premultiply = premulFactor(op, reduceOp, tensor);
+      break;
+    default:
+      STREAMNCCL_CHECK_ARG(false, op, "unknown reduce op ", name);
+  }
+  const bool bitwise = lowered.kind == ReduceKind::BitAnd || lowered.kind == ReduceKind::BitOr ||
+                       lowered.kind == ReduceKind::BitXor;
+  if (bitwise) {
+    STREAMNCCL_CHECK_TYPE(at::isIntegralType(dtype, /*includeBool=*/true), op, "reduce op ", name,
+                          " needs an integer or bool dtype, got ", dtype);
+  }
+  if (dtype == at::kBool) {
+    // On 0/1 bytes, a logical or is MAX and a logical and is MIN; a byte SUM could overflow.
+    if (lowered.kind == ReduceKind::Sum) lowered.kind = ReduceKind::Max;
+    if (lowered.kind == ReduceKind::Product) lowered.kind = ReduceKind::Min;
+  }
+  return lowered;
 }
 
 at::Tensor contiguous(const at::Tensor& tensor) { return tensor.contiguous(); }
 
-at::Tensor asBuffer(const at::Tensor& contiguousTensor) {
-  return contiguousTensor.is_complex() ? at::view_as_real(contiguousTensor) : contiguousTensor;
+at::Tensor reductionBuffer(const at::Tensor& contiguousTensor) {
+  if (contiguousTensor.is_complex()) {
+    return at::view_as_real(contiguousTensor);
+  }
+  if (contiguousTensor.scalar_type() == at::kBool) {
+    return contiguousTensor.view(at::kByte);
+  }
+  return contiguousTensor;
+}
+
+at::Tensor bytes(const at::Tensor& contiguousTensor) {
+  return contiguousTensor.reshape({-1}).view(at::kByte);
+}
+
+at::Tensor premultiplied(const at::Tensor& dense, const Reduction& reduction) {
+  return reduction.premultiply ? dense.mul(*reduction.premultiply) : dense;
+}
+
+void finishReduction(const at::Tensor& result, const Reduction& reduction, int size) {
+  if (reduction.divideBySize) {
+    result.div_(size);
+  }
 }
 
 void copyBack(const at::Tensor& target, const at::Tensor& computed) {

@@ -1,29 +1,46 @@
 #pragma once
 
-// Turning the tensors users pass into the buffers the Communicator takes. These helpers run
-// inside an op's enqueued task, so every copy they make is ordered on the op's stream.
+// Turning the tensors users pass into the buffers the Communicator takes. The buffer helpers
+// run inside an op's enqueued task, so every copy they make is ordered on the op's stream.
 
 #include "core/Communicator.hpp"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <optional>
+
 namespace streamnccl::lowering {
 
-// The ReduceKind for a c10d reduce op on `dtype`, or an error naming `op` for combinations no
-// path supports (PREMUL_SUM is not supported yet; complex only for ops that act elementwise
-// on real and imaginary parts).
-ReduceKind reduceKind(const char* op, const c10d::ReduceOp& reduceOp, at::ScalarType dtype);
+// How a c10d reduce op runs on a communicator.
+struct Reduction {
+  ReduceKind kind = ReduceKind::Sum;      // what the communicator is asked for
+  bool divideBySize = false;              // AVG as SUM, then a division
+  std::optional<at::Tensor> premultiply;  // PREMUL_SUM as a product, then SUM
+};
 
-// Whether AVG must be lowered to SUM and a division: the communicator cannot average `dtype`.
-// Integer AVG is refused, as its result would not be an integer mean.
-bool averageBySum(const char* op, const Communicator& communicator, at::ScalarType dtype);
+// Validates `reduceOp` for `dtype` on `communicator` (raising at the call, naming `op`) and
+// lowers it: AVG to SUM and a division where the communicator cannot average; PREMUL_SUM to
+// a product and SUM; bool SUM/PRODUCT to MAX/MIN (logical or/and); complex only for ops that
+// act on real and imaginary parts alone.
+Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
+                    const Communicator& communicator);
 
 // `tensor` itself when it is contiguous, else a contiguous copy to compute in.
 at::Tensor contiguous(const at::Tensor& tensor);
 
-// The buffer a communicator sees: complex tensors as their real view (twice the elements).
-at::Tensor asBuffer(const at::Tensor& contiguousTensor);
+// The buffer a reduction works on: complex as its real view, bool as bytes.
+at::Tensor reductionBuffer(const at::Tensor& contiguousTensor);
+
+// The buffer an op that only moves data works on: the bytes of the tensor, so every dtype
+// (bool, float8, complex, ...) moves on every path.
+at::Tensor bytes(const at::Tensor& contiguousTensor);
+
+// `dense` scaled for PREMUL_SUM, as a new tensor (the caller's input is never modified).
+at::Tensor premultiplied(const at::Tensor& dense, const Reduction& reduction);
+
+// The division of AVG-by-SUM, in place on a result buffer.
+void finishReduction(const at::Tensor& result, const Reduction& reduction, int size);
 
 // Writes `computed` back into `target` when the op had to compute in a copy.
 void copyBack(const at::Tensor& target, const at::Tensor& computed);

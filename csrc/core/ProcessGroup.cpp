@@ -1,11 +1,8 @@
 #include "core/ProcessGroup.hpp"
 
-#include "core/Checks.hpp"
 #include "core/Errors.hpp"
-#include "core/Lowering.hpp"
 
 #include <ATen/ATen.h>
-#include <c10/util/irange.h>
 
 namespace streamnccl {
 namespace {
@@ -59,7 +56,28 @@ Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
   return *paths_.emplace(device, std::move(path)).first->second;
 }
 
-c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Body body) {
+c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, Steps steps) {
+  if (!coalescing_) {
+    return this->launch(std::move(launch), path, std::move(steps));
+  }
+  Coalesced& group = *coalescing_;
+  if (group.path == nullptr) {
+    group.path = &path;
+    group.outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
+                                                futureDevices(path.device->device()));
+  }
+  STREAMNCCL_CHECK_ARG(group.path == &path, launch.op, "tensors on ", path.device->device(),
+                       " cannot join a coalesced group on ", group.path->device->device(),
+                       "; one group runs on one device");
+  group.steps.push_back(std::move(steps));
+  group.inputs.insert(group.inputs.end(), launch.inputs.begin(), launch.inputs.end());
+  group.outputs.insert(group.outputs.end(), launch.outputs.begin(), launch.outputs.end());
+  // The group's future: waiting on it waits for the whole group, once it has been ended.
+  return c10d::Work::create_from_future(group.outcome->future());
+}
+
+c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
+                                              std::shared_ptr<OpOutcome> outcome) {
   OpInfo info{launch.op,
               ++seq_,
               getRank(),
@@ -68,8 +86,10 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Body bo
               launch.shapeOf.sizes().vec(),
               launch.shapeOf.scalar_type()};
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
-  auto outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
-                                             futureDevices(path.device->device()));
+  if (!outcome) {
+    outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
+                                          futureDevices(path.device->device()));
+  }
   auto work =
       c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
                                 launch.blockHostOnWait || options_->useBlockingWait());
@@ -78,10 +98,13 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Body bo
   const c10::Stream current = device.currentStream();
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
   // The task holds its communicator and tensors until it has run, whatever the caller drops.
-  auto task = [outcome, info, body = std::move(body), communicator = path.communicator,
+  auto task = [outcome, info, steps = std::move(steps), communicator = path.communicator,
                outputs = launch.outputs, opStream]() {
     try {
-      body(*communicator, opStream);
+      steps.issue(*communicator, opStream);
+      if (steps.finish) {
+        steps.finish();
+      }
       outcome->succeed(outputs);
     } catch (...) {
       outcome->fail(info, std::current_exception());
@@ -120,69 +143,62 @@ void ProcessGroup::trackInFlight(c10::intrusive_ptr<Work> work) {
   inFlight_.push_back(std::move(work));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
-                                                       const c10d::AllreduceOptions& opts) {
-  constexpr const char* op = "allreduce";
-  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
-  const ReduceKind kind = lowering::reduceKind(op, opts.reduceOp, tensor.scalar_type());
-  Path& path = pathFor(tensor.device(), op);
-  const bool averageBySum = kind == ReduceKind::Avg &&
-                            lowering::averageBySum(op, *path.communicator, tensor.scalar_type());
-  const int size = getSize();
-
-  return launch({op, c10d::OpType::ALLREDUCE, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
-                path, [tensor, kind, averageBySum, size](Communicator& comm, c10::Stream stream) {
-                  const at::Tensor dense = lowering::contiguous(tensor);
-                  const at::Tensor buffer = lowering::asBuffer(dense);
-                  comm.allReduce(buffer, buffer, averageBySum ? ReduceKind::Sum : kind, stream);
-                  if (averageBySum) {
-                    buffer.div_(size);
-                  }
-                  lowering::copyBack(tensor, dense);
-                });
+void ProcessGroup::startCoalescing() {
+  TORCH_CHECK_VALUE(!coalescing_,
+                    "streamnccl startCoalescing: already coalescing; "
+                    "end the open group with endCoalescing() first");
+  coalescing_.emplace();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
-                                                       const c10d::BroadcastOptions& opts) {
-  constexpr const char* op = "broadcast";
-  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
-  checks::rootInRange(op, "src", opts.rootRank, getSize());
-  STREAMNCCL_CHECK_ARG(opts.rootTensor == 0, op, "`rootTensor` is ", opts.rootTensor,
-                       ", expected 0 (one tensor per process)");
-  Path& path = pathFor(tensor.device(), op);
-  const int root = static_cast<int>(opts.rootRank);
-
-  return launch({op, c10d::OpType::BROADCAST, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
-                path, [tensor, root](Communicator& comm, c10::Stream stream) {
-                  const at::Tensor dense = lowering::contiguous(tensor);
-                  const at::Tensor buffer = lowering::asBuffer(dense);
-                  comm.broadcast(buffer, buffer, root, stream);
-                  lowering::copyBack(tensor, dense);
-                });
+c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
+  TORCH_CHECK_VALUE(coalescing_,
+                    "streamnccl endCoalescing: no group was started "
+                    "(call startCoalescing() first)");
+  Coalesced group = std::move(*coalescing_);
+  coalescing_.reset();
+  if (group.steps.empty()) {
+    auto done =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+    return c10d::Work::create_from_future(done);
+  }
+  const at::Tensor shapeOf = group.inputs.empty() ? group.outputs.front() : group.inputs.front();
+  Steps combined{[steps = group.steps](Communicator& comm, c10::Stream stream) {
+                   comm.groupStart();
+                   for (const auto& step : steps) {
+                     step.issue(comm, stream);
+                   }
+                   comm.groupEnd();
+                 },
+                 [steps = group.steps]() {
+                   for (const auto& step : steps) {
+                     if (step.finish) {
+                       step.finish();
+                     }
+                   }
+                 }};
+  return launch({"coalesced", c10d::OpType::COALESCED, shapeOf, std::move(group.inputs),
+                 std::move(group.outputs), /*async=*/true, c10d::kUnsetTimeout},
+                *group.path, std::move(combined), group.outcome);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
-    std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
-    const c10d::AllgatherOptions& opts) {
-  constexpr const char* op = "allgather";
-  const at::Tensor& input = checks::singleTensor(op, "tensor", inputTensors);
-  const std::vector<at::Tensor>& outputs =
-      checks::allGatherOutputs(op, outputTensors, input, getSize());
-  Path& path = pathFor(input.device(), op);
-  const int size = getSize();
-
-  return launch(
-      {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
-      [input, outputs, size](Communicator& comm, c10::Stream stream) {
-        const at::Tensor dense = lowering::contiguous(input);
-        // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
-        const at::Tensor gathered = at::empty({size * dense.numel()}, dense.options());
-        comm.allGather(lowering::asBuffer(dense), lowering::asBuffer(gathered), stream);
-        const int64_t count = dense.numel();
-        for (const auto r : c10::irange(size)) {
-          outputs[r].copy_(gathered.narrow(0, r * count, count).view(outputs[r].sizes()));
-        }
-      });
+c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()>& record) {
+  const bool outer = !coalescing_;
+  if (outer) {
+    startCoalescing();
+  }
+  try {
+    record();
+  } catch (...) {
+    if (outer) {
+      coalescing_.reset();
+    }
+    throw;
+  }
+  if (outer) {
+    return endCoalescing();
+  }
+  return c10d::Work::create_from_future(coalescing_->outcome->future());
 }
 
 c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) const {
@@ -214,9 +230,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
                  /*async=*/true,
                  opts.timeout,
                  /*blockHostOnWait=*/true},
-                path, [token](Communicator& comm, c10::Stream stream) {
-                  comm.allReduce(token, token, ReduceKind::Sum, stream);
-                });
+                path,
+                {[token](Communicator& comm, c10::Stream stream) {
+                   comm.allReduce(token, token, ReduceKind::Sum, stream);
+                 },
+                 nullptr});
 }
 
 }  // namespace streamnccl

@@ -10,14 +10,16 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace streamnccl {
 
 // The c10d::Backend registered as "streamnccl". It validates every call, lowers it to
-// buffer-level Communicator calls and launches them through launch(), which follows the
-// stream contract written in Device.hpp. It knows neither CUDA, NCCL nor Gloo: the paths for
-// each device type come from the PathFactory given at construction.
+// buffer-level Communicator calls (Collectives.cpp, PointToPoint.cpp) and launches them
+// through launch(), which follows the stream contract written in Device.hpp. It knows
+// neither CUDA, NCCL nor Gloo: the paths for each device type come from the PathFactory
+// given at construction.
 class ProcessGroup final : public c10d::Backend {
  public:
   using PathFactories = std::unordered_map<c10::DeviceType, std::unique_ptr<PathFactory>>;
@@ -31,22 +33,75 @@ class ProcessGroup final : public c10d::Backend {
   const c10::intrusive_ptr<streamnccl::Options>& options() const { return options_; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
+  bool supportsCoalescing() const override { return true; }
 
+  // Collectives.cpp
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
       const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
   c10::intrusive_ptr<c10d::Work> allgather(
       std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& outputTensor, at::Tensor& inputTensor,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& outputTensor, at::Tensor& inputTensor,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+
+  // PointToPoint.cpp
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
+      const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+      const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& outputTensor, at::Tensor& inputTensor, std::vector<int64_t>& outputSplitSizes,
+      std::vector<int64_t>& inputSplitSizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputTensors, std::vector<at::Tensor>& inputTensors,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+
+  // ProcessGroup.cpp
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // Between these, ops are recorded instead of launched; endCoalescing() launches them as one
+  // communicator group on the internal stream and returns its one Work.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
  private:
-  // Issues one op's buffer-level work on `stream`. Runs inside the op's task.
-  using Body = std::function<void(Communicator&, c10::Stream)>;
+  // One op's work on its stream. `issue` makes the communicator calls (inside a group when
+  // coalesced); `finish` then copies results where the caller wants them, after the calls in
+  // stream order. Both run inside the op's enqueued task.
+  struct Steps {
+    std::function<void(Communicator&, c10::Stream)> issue;
+    std::function<void()> finish;
+  };
 
   struct Launch {
     const char* op;
@@ -59,13 +114,28 @@ class ProcessGroup final : public c10d::Backend {
     bool blockHostOnWait = false;
   };
 
+  // The ops recorded since startCoalescing().
+  struct Coalesced {
+    Path* path = nullptr;
+    std::vector<Steps> steps;
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> outputs;
+    std::shared_ptr<OpOutcome> outcome;
+  };
+
   Path& pathFor(const c10::Device& device, const char* op);
-  c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Body body);
+  // Records the ops `record` submits into one coalesced group (the open one, or a new one
+  // ended here), so they run as one communicator group with one Work. A bad argument in any
+  // of them raises before anything of a new group is launched.
+  c10::intrusive_ptr<c10d::Work> coalesce(const std::function<void()>& record);
+  // Launches the op now, or records it while coalescing.
+  c10::intrusive_ptr<c10d::Work> submit(Launch launch, Path& path, Steps steps);
+  c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Steps steps,
+                                  std::shared_ptr<OpOutcome> outcome = nullptr);
   // Keeps an async op's Work (and so its tensors) until it completes; drops completed ones.
   void trackInFlight(c10::intrusive_ptr<Work> work);
   c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
 
-  // Qualified: inside this class `Options` names c10d::Backend::Options.
   const c10::intrusive_ptr<streamnccl::Options> options_;
   const PathFactories factories_;
 
@@ -74,6 +144,8 @@ class ProcessGroup final : public c10d::Backend {
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};
+  // Coalescing is per calling thread's program order, like every op of a group.
+  std::optional<Coalesced> coalescing_;
 
   std::mutex inFlightMutex_;
   std::deque<c10::intrusive_ptr<Work>> inFlight_;

@@ -129,6 +129,38 @@ void NcclCommunicator::allGather(const at::Tensor& input, const at::Tensor& outp
                         who_, comm_);
 }
 
+void NcclCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                              int root, c10::Stream stream) {
+  STREAMNCCL_NCCL_CHECK(
+      ncclReduce(input.data_ptr(), output.data_ptr(), input.numel(), ncclType(input.scalar_type()),
+                 ncclOp(op), root, comm_, cudaStreamOf(stream)),
+      who_, comm_);
+}
+
+void NcclCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
+                                     ReduceKind op, c10::Stream stream) {
+  STREAMNCCL_NCCL_CHECK(
+      ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                        ncclType(input.scalar_type()), ncclOp(op), comm_, cudaStreamOf(stream)),
+      who_, comm_);
+}
+
+void NcclCommunicator::send(const at::Tensor& input, int peer, c10::Stream stream) {
+  STREAMNCCL_NCCL_CHECK(ncclSend(input.data_ptr(), input.numel(), ncclType(input.scalar_type()),
+                                 peer, comm_, cudaStreamOf(stream)),
+                        who_, comm_);
+}
+
+void NcclCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stream) {
+  STREAMNCCL_NCCL_CHECK(ncclRecv(output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
+                                 peer, comm_, cudaStreamOf(stream)),
+                        who_, comm_);
+}
+
+void NcclCommunicator::groupStart() { STREAMNCCL_NCCL_CHECK(ncclGroupStart(), who_, comm_); }
+
+void NcclCommunicator::groupEnd() { STREAMNCCL_NCCL_CHECK(ncclGroupEnd(), who_, comm_); }
+
 int ncclCompiledVersion() { return NCCL_VERSION_CODE; }
 
 int ncclLoadedVersion() {

@@ -27,6 +27,14 @@ class NcclCommunicator final : public Communicator {
   void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                  c10::Stream stream) override;
   void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) override;
+  void reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op, int root,
+              c10::Stream stream) override;
+  void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                     c10::Stream stream) override;
+  void send(const at::Tensor& input, int peer, c10::Stream stream) override;
+  void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
+  void groupStart() override;
+  void groupEnd() override;
 
  private:
   const std::string who_;

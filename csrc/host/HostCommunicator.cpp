@@ -46,7 +46,7 @@ void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& outp
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op);
-  gloo_->allreduce(tensors, opts)->wait();
+  complete(gloo_->allreduce(tensors, opts));
 }
 
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
@@ -54,7 +54,7 @@ void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& outp
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  gloo_->broadcast(tensors, opts)->wait();
+  complete(gloo_->broadcast(tensors, opts));
 }
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
@@ -62,7 +62,61 @@ void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& outp
   // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
-  gloo_->_allgather_base(out, in)->wait();
+  complete(gloo_->_allgather_base(out, in));
+}
+
+void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                              int root, c10::Stream /*stream*/) {
+  // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
+  std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
+                                                           : input.clone()};
+  c10d::ReduceOptions opts;
+  opts.reduceOp = toGloo(op);
+  opts.rootRank = root;
+  complete(gloo_->reduce(tensors, opts));
+}
+
+void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
+                                     ReduceKind op, c10::Stream /*stream*/) {
+  at::Tensor in = input.view(-1);
+  at::Tensor out = output.view(-1);
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = toGloo(op);
+  complete(gloo_->_reduce_scatter_base(out, in, opts));
+}
+
+// Tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks in
+// the order they were posted, and ops run in program order, so one tag is enough.
+void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
+  std::vector<at::Tensor> tensors{input};
+  complete(gloo_->send(tensors, peer, /*tag=*/0));
+}
+
+void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
+  std::vector<at::Tensor> tensors{output};
+  complete(gloo_->recv(tensors, peer, /*tag=*/0));
+}
+
+void HostCommunicator::groupStart() { ++groupDepth_; }
+
+void HostCommunicator::groupEnd() {
+  TORCH_INTERNAL_ASSERT(groupDepth_ > 0, "streamnccl: groupEnd() without groupStart()");
+  if (--groupDepth_ > 0) {
+    return;
+  }
+  auto grouped = std::move(grouped_);
+  grouped_.clear();
+  for (auto& work : grouped) {
+    work->wait();
+  }
+}
+
+void HostCommunicator::complete(c10::intrusive_ptr<c10d::Work> work) {
+  if (groupDepth_ > 0) {
+    grouped_.push_back(std::move(work));
+  } else {
+    work->wait();
+  }
 }
 
 }  // namespace streamnccl

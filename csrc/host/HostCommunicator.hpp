@@ -20,9 +20,23 @@ class HostCommunicator final : public Communicator {
   void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                  c10::Stream stream) override;
   void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) override;
+  void reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op, int root,
+              c10::Stream stream) override;
+  void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+                     c10::Stream stream) override;
+  void send(const at::Tensor& input, int peer, c10::Stream stream) override;
+  void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
+  void groupStart() override;
+  void groupEnd() override;
 
  private:
+  // Outside a group a Gloo op is waited on at once; inside one, at the outermost groupEnd().
+  void complete(c10::intrusive_ptr<c10d::Work> work);
+
   const c10::intrusive_ptr<c10d::Backend> gloo_;
+  // Touched only by the host stream's executor, one task at a time.
+  int groupDepth_ = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> grouped_;
 };
 
 }  // namespace streamnccl

@@ -1,0 +1,235 @@
+// The lowering of every collective to Communicator calls. Checks run at the call; the steps
+// run in the op's task on its stream (see ProcessGroup::launch and the contract in Device.hpp).
+
+#include "core/Checks.hpp"
+#include "core/Errors.hpp"
+#include "core/Lowering.hpp"
+#include "core/ProcessGroup.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/irange.h>
+
+namespace streamnccl {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  constexpr const char* op = "allreduce";
+  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
+  Path& path = pathFor(tensor.device(), op);
+  const auto reduction = lowering::reduction(op, opts.reduceOp, tensor, *path.communicator);
+  const int size = getSize();
+  // The result is computed in `work` (the tensor itself when possible) and copied back.
+  auto work = std::make_shared<at::Tensor>();
+  return submit({op, c10d::OpType::ALLREDUCE, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
+                path,
+                {[tensor, reduction, work](Communicator& comm, c10::Stream stream) {
+                   *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
+                   const at::Tensor buffer = lowering::reductionBuffer(*work);
+                   comm.allReduce(buffer, buffer, reduction.kind, stream);
+                 },
+                 [tensor, reduction, work, size]() {
+                   lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
+                   lowering::copyBack(tensor, *work);
+                 }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  STREAMNCCL_CHECK_ARG(!tensors.empty(), "allreduce_coalesced", "`tensors` is empty");
+  return coalesce([&] {
+    for (auto& tensor : tensors) {
+      std::vector<at::Tensor> one{tensor};
+      allreduce(one, opts);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  constexpr const char* op = "broadcast";
+  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
+  checks::rootInRange(op, "src", opts.rootRank, getSize());
+  STREAMNCCL_CHECK_ARG(opts.rootTensor == 0, op, "`rootTensor` is ", opts.rootTensor,
+                       ", expected 0 (one tensor per process)");
+  Path& path = pathFor(tensor.device(), op);
+  const int root = static_cast<int>(opts.rootRank);
+  auto work = std::make_shared<at::Tensor>();
+  return submit({op, c10d::OpType::BROADCAST, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
+                path,
+                {[tensor, root, work](Communicator& comm, c10::Stream stream) {
+                   *work = lowering::contiguous(tensor);
+                   const at::Tensor buffer = lowering::bytes(*work);
+                   comm.broadcast(buffer, buffer, root, stream);
+                 },
+                 [tensor, work]() { lowering::copyBack(tensor, *work); }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  constexpr const char* op = "reduce";
+  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
+  checks::rootInRange(op, "dst", opts.rootRank, getSize());
+  STREAMNCCL_CHECK_ARG(opts.rootTensor == 0, op, "`rootTensor` is ", opts.rootTensor,
+                       ", expected 0 (one tensor per process)");
+  Path& path = pathFor(tensor.device(), op);
+  const auto reduction = lowering::reduction(op, opts.reduceOp, tensor, *path.communicator);
+  const int root = static_cast<int>(opts.rootRank);
+  const bool isRoot = root == getRank();
+  const int size = getSize();
+  auto work = std::make_shared<at::Tensor>();
+  return submit({op, c10d::OpType::REDUCE, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
+                path,
+                {[tensor, reduction, root, work](Communicator& comm, c10::Stream stream) {
+                   *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
+                   const at::Tensor buffer = lowering::reductionBuffer(*work);
+                   comm.reduce(buffer, buffer, reduction.kind, root, stream);
+                 },
+                 [tensor, reduction, work, size, isRoot]() {
+                   // Only the root's tensor receives the result; the others keep their input.
+                   if (isRoot) {
+                     lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
+                     lowering::copyBack(tensor, *work);
+                   }
+                 }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
+    const c10d::AllgatherOptions& opts) {
+  constexpr const char* op = "allgather";
+  const at::Tensor& input = checks::singleTensor(op, "tensor", inputTensors);
+  const std::vector<at::Tensor>& outputs =
+      checks::rankList(op, "output_tensor_list", outputTensors, input, getSize());
+  Path& path = pathFor(input.device(), op);
+  const int size = getSize();
+  auto gathered = std::make_shared<at::Tensor>();
+  return submit(
+      {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
+      {[input, size, gathered](Communicator& comm, c10::Stream stream) {
+         const at::Tensor dense = lowering::contiguous(input);
+         // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
+         *gathered = at::empty({size * dense.numel()}, dense.options());
+         comm.allGather(lowering::bytes(dense), lowering::bytes(*gathered), stream);
+       },
+       [outputs, size, gathered]() {
+         const int64_t count = gathered->numel() / size;
+         for (const auto r : c10::irange(size)) {
+           outputs[r].copy_(gathered->narrow(0, r * count, count).view(outputs[r].sizes()));
+         }
+       }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputTensor,
+                                                             at::Tensor& inputTensor,
+                                                             const c10d::AllgatherOptions& opts) {
+  constexpr const char* op = "all_gather_into_tensor";
+  checks::dense(op, "input_tensor", inputTensor);
+  checks::wholeIsSizeParts(op, "output_tensor", outputTensor, "input_tensor", inputTensor,
+                           getSize());
+  Path& path = pathFor(inputTensor.device(), op);
+  const at::Tensor input = inputTensor;
+  const at::Tensor output = outputTensor;
+  auto work = std::make_shared<at::Tensor>();
+  return submit(
+      {op, c10d::OpType::_ALLGATHER_BASE, input, {input}, {output}, opts.asyncOp, opts.timeout},
+      path,
+      {[input, output, work](Communicator& comm, c10::Stream stream) {
+         *work = lowering::contiguous(output);
+         comm.allGather(lowering::bytes(lowering::contiguous(input)), lowering::bytes(*work),
+                        stream);
+       },
+       [output, work]() { lowering::copyBack(output, *work); }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  constexpr const char* op = "allgather_into_tensor_coalesced";
+  STREAMNCCL_CHECK_ARG(!inputs.empty() && inputs.size() == outputs.size(), op, "got ",
+                       inputs.size(), " inputs and ", outputs.size(),
+                       " outputs, expected the same number, at least one");
+  return coalesce([&] {
+    for (const auto i : c10::irange(inputs.size())) {
+      _allgather_base(outputs[i], inputs[i], opts);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
+    at::Tensor& outputTensor, at::Tensor& inputTensor, const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* op = "reduce_scatter_tensor";
+  checks::dense(op, "output", outputTensor);
+  checks::wholeIsSizeParts(op, "input", inputTensor, "output", outputTensor, getSize());
+  Path& path = pathFor(outputTensor.device(), op);
+  const auto reduction = lowering::reduction(op, opts.reduceOp, outputTensor, *path.communicator);
+  const at::Tensor input = inputTensor;
+  const at::Tensor output = outputTensor;
+  const int size = getSize();
+  auto work = std::make_shared<at::Tensor>();
+  return submit({op,
+                 c10d::OpType::_REDUCE_SCATTER_BASE,
+                 input,
+                 {input},
+                 {output},
+                 opts.asyncOp,
+                 opts.timeout},
+                path,
+                {[input, output, reduction, work](Communicator& comm, c10::Stream stream) {
+                   const at::Tensor in =
+                       lowering::premultiplied(lowering::contiguous(input), reduction);
+                   *work = lowering::contiguous(output);
+                   comm.reduceScatter(lowering::reductionBuffer(in),
+                                      lowering::reductionBuffer(*work), reduction.kind, stream);
+                 },
+                 [output, reduction, work, size]() {
+                   lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
+                   lowering::copyBack(output, *work);
+                 }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* op = "reduce_scatter";
+  const at::Tensor& output = checks::singleTensor(op, "output", outputTensors);
+  const std::vector<at::Tensor>& inputs =
+      checks::rankList(op, "input_list", inputTensors, output, getSize());
+  Path& path = pathFor(output.device(), op);
+  const auto reduction = lowering::reduction(op, opts.reduceOp, output, *path.communicator);
+  const int size = getSize();
+  auto work = std::make_shared<at::Tensor>();
+  return submit(
+      {op, c10d::OpType::REDUCE_SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout},
+      path,
+      {[inputs, output, reduction, work](Communicator& comm, c10::Stream stream) {
+         std::vector<at::Tensor> flat;
+         flat.reserve(inputs.size());
+         for (const auto& input : inputs) {
+           flat.push_back(input.reshape({-1}));
+         }
+         const at::Tensor in = lowering::premultiplied(at::cat(flat), reduction);
+         *work = lowering::contiguous(output);
+         comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(*work),
+                            reduction.kind, stream);
+       },
+       [output, reduction, work, size]() {
+         lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
+         lowering::copyBack(output, *work);
+       }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* op = "reduce_scatter_tensor_coalesced";
+  STREAMNCCL_CHECK_ARG(!inputs.empty() && inputs.size() == outputs.size(), op, "got ",
+                       inputs.size(), " inputs and ", outputs.size(),
+                       " outputs, expected the same number, at least one");
+  return coalesce([&] {
+    for (const auto i : c10::irange(inputs.size())) {
+      _reduce_scatter_base(outputs[i], inputs[i], opts);
+    }
+  });
+}
+
+}  // namespace streamnccl

@@ -1,0 +1,277 @@
+// send/recv, and the ops NCCL has no call for, lowered to one communicator group of sends and
+// recvs: gather, scatter, alltoall. Data moves as bytes, so every dtype moves on every path.
+// Temporaries made in `issue` are kept in the op's steps until the task ends: inside a group,
+// NCCL reads and writes them only at groupEnd().
+
+#include "core/Checks.hpp"
+#include "core/Errors.hpp"
+#include "core/Lowering.hpp"
+#include "core/ProcessGroup.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/irange.h>
+
+namespace streamnccl {
+namespace {
+
+// The contiguous tensors an op computes in, shared by its issue and finish steps.
+using Scratch = std::shared_ptr<std::vector<at::Tensor>>;
+
+Scratch makeScratch(size_t count) { return std::make_shared<std::vector<at::Tensor>>(count); }
+
+// Row offsets of consecutive blocks of `splits` rows.
+std::vector<int64_t> offsetsOf(const std::vector<int64_t>& splits) {
+  std::vector<int64_t> offsets(splits.size(), 0);
+  for (size_t i = 1; i < splits.size(); ++i) {
+    offsets[i] = offsets[i - 1] + splits[i - 1];
+  }
+  return offsets;
+}
+
+int64_t bytesPerRow(const at::Tensor& tensor) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  return rows == 0 ? 0 : tensor.numel() / rows * tensor.element_size();
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                  int /*tag: see HostCommunicator::send*/) {
+  constexpr const char* op = "send";
+  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
+  checks::peerInRange(op, "dst", dstRank, getSize());
+  Path& path = pathFor(tensor.device(), op);
+  auto scratch = makeScratch(1);
+  // Point-to-point ops carry no async flag in c10d: they run as async ops and dist.send waits.
+  return submit({op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout},
+                path,
+                {[tensor, dstRank, scratch](Communicator& comm, c10::Stream stream) {
+                   (*scratch)[0] = lowering::contiguous(tensor);
+                   comm.send(lowering::bytes((*scratch)[0]), dstRank, stream);
+                 },
+                 nullptr});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                  int /*tag*/) {
+  constexpr const char* op = "recv";
+  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
+  checks::peerInRange(op, "src", srcRank, getSize());
+  Path& path = pathFor(tensor.device(), op);
+  auto scratch = makeScratch(1);
+  return submit({op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout},
+                path,
+                {[tensor, srcRank, scratch](Communicator& comm, c10::Stream stream) {
+                   (*scratch)[0] = lowering::contiguous(tensor);
+                   comm.recv(lowering::bytes((*scratch)[0]), srcRank, stream);
+                 },
+                 [tensor, scratch]() { lowering::copyBack(tensor, (*scratch)[0]); }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
+    std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
+    const c10d::GatherOptions& opts) {
+  constexpr const char* op = "gather";
+  const at::Tensor& input = checks::singleTensor(op, "tensor", inputTensors);
+  checks::rootInRange(op, "dst", opts.rootRank, getSize());
+  const int root = static_cast<int>(opts.rootRank);
+  const int rank = getRank();
+  const int size = getSize();
+  std::vector<at::Tensor> outputs;
+  if (rank == root) {
+    outputs = checks::rankList(op, "gather_list", outputTensors, input, size);
+  } else {
+    STREAMNCCL_CHECK_ARG(
+        outputTensors.empty() || (outputTensors.size() == 1 && outputTensors[0].empty()), op,
+        "`gather_list` must be empty on a rank other than dst (", root, "), got ",
+        outputTensors.empty() ? 0 : outputTensors[0].size(), " tensors");
+  }
+  Path& path = pathFor(input.device(), op);
+  auto scratch = makeScratch(size + 1);
+  return submit(
+      {op, c10d::OpType::GATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
+      {[input, outputs, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
+         comm.groupStart();
+         if (rank == root) {
+           for (const auto r : c10::irange(size)) {
+             if (r != root) {
+               (*scratch)[r] = lowering::contiguous(outputs[r]);
+               comm.recv(lowering::bytes((*scratch)[r]), r, stream);
+             }
+           }
+         } else {
+           (*scratch)[size] = lowering::contiguous(input);
+           comm.send(lowering::bytes((*scratch)[size]), root, stream);
+         }
+         comm.groupEnd();
+       },
+       [input, outputs, root, rank, size, scratch]() {
+         if (rank != root) {
+           return;
+         }
+         for (const auto r : c10::irange(size)) {
+           if (r == root) {
+             outputs[r].copy_(input.view(outputs[r].sizes()));
+           } else {
+             lowering::copyBack(outputs[r], (*scratch)[r]);
+           }
+         }
+       }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
+    std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
+    const c10d::ScatterOptions& opts) {
+  constexpr const char* op = "scatter";
+  const at::Tensor& output = checks::singleTensor(op, "tensor", outputTensors);
+  checks::rootInRange(op, "src", opts.rootRank, getSize());
+  const int root = static_cast<int>(opts.rootRank);
+  const int rank = getRank();
+  const int size = getSize();
+  std::vector<at::Tensor> inputs;
+  if (rank == root) {
+    inputs = checks::rankList(op, "scatter_list", inputTensors, output, size);
+  } else {
+    STREAMNCCL_CHECK_ARG(
+        inputTensors.empty() || (inputTensors.size() == 1 && inputTensors[0].empty()), op,
+        "`scatter_list` must be empty on a rank other than src (", root, "), got ",
+        inputTensors.empty() ? 0 : inputTensors[0].size(), " tensors");
+  }
+  Path& path = pathFor(output.device(), op);
+  auto scratch = makeScratch(size + 1);
+  return submit(
+      {op, c10d::OpType::SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout}, path,
+      {[inputs, output, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
+         comm.groupStart();
+         if (rank == root) {
+           for (const auto r : c10::irange(size)) {
+             if (r != root) {
+               (*scratch)[r] = lowering::contiguous(inputs[r]);
+               comm.send(lowering::bytes((*scratch)[r]), r, stream);
+             }
+           }
+         } else {
+           (*scratch)[size] = lowering::contiguous(output);
+           comm.recv(lowering::bytes((*scratch)[size]), root, stream);
+         }
+         comm.groupEnd();
+       },
+       [inputs, output, root, rank, size, scratch]() {
+         if (rank == root) {
+           output.copy_(inputs[root].view(output.sizes()));
+         } else {
+           lowering::copyBack(output, (*scratch)[size]);
+         }
+       }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTensor,
+                                                           at::Tensor& inputTensor,
+                                                           std::vector<int64_t>& outputSplitSizes,
+                                                           std::vector<int64_t>& inputSplitSizes,
+                                                           const c10d::AllToAllOptions& opts) {
+  constexpr const char* op = "all_to_all_single";
+  const int rank = getRank();
+  const int size = getSize();
+  checks::dense(op, "input", inputTensor);
+  checks::sameDeviceAndDtype(op, "output", inputTensor, outputTensor);
+  const auto inSplits =
+      checks::splitSizes(op, "input_split_sizes", inputSplitSizes, inputTensor, size);
+  const auto outSplits =
+      checks::splitSizes(op, "output_split_sizes", outputSplitSizes, outputTensor, size);
+  const int64_t inRow = bytesPerRow(inputTensor);
+  const int64_t outRow = bytesPerRow(outputTensor);
+  STREAMNCCL_CHECK_ARG(inSplits[rank] * inRow == outSplits[rank] * outRow, op,
+                       "this rank sends itself ", inSplits[rank] * inRow, " bytes (input rows ",
+                       inSplits[rank], ") but expects ", outSplits[rank] * outRow, " (output rows ",
+                       outSplits[rank], ")");
+  Path& path = pathFor(inputTensor.device(), op);
+  const at::Tensor input = inputTensor;
+  const at::Tensor output = outputTensor;
+  const auto inOffsets = offsetsOf(inSplits);
+  const auto outOffsets = offsetsOf(outSplits);
+  auto scratch = makeScratch(2);
+  auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
+    return bytes.narrow(0, row * rowBytes, rows * rowBytes);
+  };
+  return submit(
+      {op, c10d::OpType::ALLTOALL_BASE, input, {input}, {output}, opts.asyncOp, opts.timeout}, path,
+      {[=](Communicator& comm, c10::Stream stream) {
+         (*scratch)[0] = lowering::bytes(lowering::contiguous(input));
+         (*scratch)[1] = lowering::contiguous(output);
+         const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
+         comm.groupStart();
+         for (const auto r : c10::irange(size)) {
+           if (r == rank) {
+             continue;  // copied in finish
+           }
+           // Zero-row blocks are skipped on both sides: the peer's splits say the same.
+           if (inSplits[r] > 0) {
+             comm.send(block((*scratch)[0], inOffsets[r], inSplits[r], inRow), r, stream);
+           }
+           if (outSplits[r] > 0) {
+             comm.recv(block(outBytes, outOffsets[r], outSplits[r], outRow), r, stream);
+           }
+         }
+         comm.groupEnd();
+       },
+       [=]() {
+         const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
+         block(outBytes, outOffsets[rank], outSplits[rank], outRow)
+             .copy_(block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
+         lowering::copyBack(output, (*scratch)[1]);
+       }});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& outputTensors,
+                                                      std::vector<at::Tensor>& inputTensors,
+                                                      const c10d::AllToAllOptions& opts) {
+  constexpr const char* op = "all_to_all";
+  const int rank = getRank();
+  const int size = getSize();
+  STREAMNCCL_CHECK_ARG(!inputTensors.empty(), op,
+                       "`input_tensor_list` is empty, expected one "
+                       "tensor per rank: ",
+                       size);
+  checks::dense(op, "input_tensor_list[0]", inputTensors[0]);
+  checks::perRankTensors(op, "input_tensor_list", inputTensors, inputTensors[0], size);
+  checks::perRankTensors(op, "output_tensor_list", outputTensors, inputTensors[0], size);
+  STREAMNCCL_CHECK_ARG(inputTensors[rank].numel() == outputTensors[rank].numel(), op,
+                       "`output_tensor_list[", rank, "]` has ", outputTensors[rank].numel(),
+                       " elements but this rank sends itself `input_tensor_list[", rank, "]` of ",
+                       inputTensors[rank].numel());
+  Path& path = pathFor(inputTensors[0].device(), op);
+  const std::vector<at::Tensor> inputs = inputTensors;
+  const std::vector<at::Tensor> outputs = outputTensors;
+  auto scratch = makeScratch(2 * size);
+  return submit(
+      {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
+      {[=](Communicator& comm, c10::Stream stream) {
+         comm.groupStart();
+         for (const auto r : c10::irange(size)) {
+           if (r == rank) {
+             continue;
+           }
+           if (inputs[r].numel() > 0) {
+             (*scratch)[r] = lowering::contiguous(inputs[r]);
+             comm.send(lowering::bytes((*scratch)[r]), r, stream);
+           }
+           if (outputs[r].numel() > 0) {
+             (*scratch)[size + r] = lowering::contiguous(outputs[r]);
+             comm.recv(lowering::bytes((*scratch)[size + r]), r, stream);
+           }
+         }
+         comm.groupEnd();
+       },
+       [=]() {
+         for (const auto r : c10::irange(size)) {
+           if (r == rank) {
+             outputs[r].copy_(inputs[r].reshape(outputs[r].sizes()));
+           } else if ((*scratch)[size + r].defined()) {
+             lowering::copyBack(outputs[r], (*scratch)[size + r]);
+           }
+         }
+       }});
+}
+
+}  // namespace streamnccl
