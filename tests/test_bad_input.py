@@ -15,6 +15,18 @@ def cpu_backend():
     return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
 
 
+def gather_options(root):
+    opts = dist.GatherOptions()
+    opts.rootRank = root
+    return opts
+
+
+def scatter_options(root):
+    opts = dist.ScatterOptions()
+    opts.rootRank = root
+    return opts
+
+
 def assert_group_usable(ctx):
     x = torch.full((3,), float(ctx.rank))
     dist.all_reduce(x)
@@ -152,6 +164,198 @@ def _cases():
             r"allreduce: `tensor` must be a dense \(strided\) tensor, got layout Sparse",
             lambda: cpu_backend().allreduce([torch.ones(2).to_sparse()]),
         ),
+        # ---- reduce, gather, scatter ----
+        (
+            "reduce root out of range",
+            ValueError,
+            rf"streamnccl reduce: `dst` is {n}, expected a rank in \[0, {n}\)",
+            lambda: dist.reduce(torch.ones(2), dst=n),
+        ),
+        (
+            "reduce AVG of integers",
+            TypeError,
+            r"reduce: reduce op AVG needs a floating-point or complex dtype, got Int",
+            lambda: dist.reduce(torch.ones(2, dtype=torch.int32), dst=0, op=dist.ReduceOp.AVG),
+        ),
+        (
+            "gather root out of range, direct",
+            ValueError,
+            rf"gather: `dst` is {n + 1}, expected a rank in \[0, {n}\)",
+            lambda: cpu_backend().gather([[]], [ones], gather_options(n + 1)),
+        ),
+        (
+            "gather list too short on dst, non-empty elsewhere, direct",
+            ValueError,
+            rf"gather: `gather_list` has {n - 1} tensors, expected one per rank: {n}"
+            rf"|gather: `gather_list` must be empty on a rank other than dst \(0\), got {n - 1}",
+            lambda: cpu_backend().gather(
+                [[torch.empty(4) for _ in range(n - 1)]], [ones], gather_options(0)
+            ),
+        ),
+        (
+            "gather list element of the wrong size, direct",
+            ValueError,
+            r"gather: `gather_list\[0\]` has 3 elements \(shape \[3\]\), expected as many as "
+            r"the single tensor: 4|must be empty on a rank other than dst",
+            lambda: cpu_backend().gather(
+                [[torch.empty(3)] + [torch.empty(4)] * (n - 1)], [ones], gather_options(0)
+            ),
+        ),
+        (
+            "scatter root out of range, direct",
+            ValueError,
+            rf"scatter: `src` is -2, expected a rank in \[0, {n}\)",
+            lambda: cpu_backend().scatter([torch.empty(4)], [[]], scatter_options(-2)),
+        ),
+        (
+            "scatter list of another dtype, direct",
+            # The root sees the dtype; the others a list they should not have passed.
+            (TypeError, ValueError),
+            r"scatter: `scatter_list\[1\]` has dtype Long but the input has dtype Float"
+            r"|`scatter_list` must be empty on a rank other than src",
+            lambda: cpu_backend().scatter(
+                [torch.empty(4)],
+                [[torch.empty(4), torch.ones(4, dtype=torch.int64)] + [torch.empty(4)] * (n - 2)],
+                scatter_options(0),
+            ),
+        ),
+        # ---- tensor forms ----
+        (
+            "all_gather_into_tensor output of the wrong size",
+            ValueError,
+            rf"all_gather_into_tensor: `output_tensor` has {4 * n + 1} elements "
+            rf"\(shape \[{4 * n + 1}\]\), expected {n} \(world size\) x 4",
+            lambda: dist.all_gather_into_tensor(torch.empty(4 * n + 1), ones),
+        ),
+        (
+            "all_gather_into_tensor output on another device",
+            ValueError,
+            r"all_gather_into_tensor: `output_tensor` is on meta but the input is on cpu",
+            # Direct: through torch.distributed a meta tensor gets torch's meta kernel.
+            lambda: cpu_backend()._allgather_base(torch.empty(4 * n, device="meta"), ones),
+        ),
+        (
+            "reduce_scatter_tensor input of the wrong size",
+            ValueError,
+            rf"reduce_scatter_tensor: `input` has 5 elements \(shape \[5\]\), expected {n} "
+            rf"\(world size\) x 2",
+            lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(5)),
+        ),
+        (
+            "reduce_scatter_tensor input of another dtype, direct",
+            TypeError,
+            r"reduce_scatter_tensor: `input` has dtype Double but the input has dtype Float",
+            lambda: cpu_backend()._reduce_scatter_base(
+                torch.empty(2), torch.ones(2 * n, dtype=torch.float64)
+            ),
+        ),
+        (
+            "reduce_scatter list too long",
+            ValueError,
+            rf"reduce_scatter: `input_list` has {n + 1} tensors, expected one per rank: {n}",
+            lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(2)] * (n + 1)),
+        ),
+        (
+            "reduce_scatter list element of the wrong size",
+            ValueError,
+            r"reduce_scatter: `input_list\[0\]` has 3 elements",
+            lambda: dist.reduce_scatter(
+                torch.empty(2), [torch.ones(3)] + [torch.ones(2)] * (n - 1)
+            ),
+        ),
+        # ---- all_to_all ----
+        (
+            "all_to_all_single with too few splits",
+            ValueError,
+            rf"all_to_all_single: `input_split_sizes` has 1 entries, expected one per rank: {n}",
+            lambda: dist.all_to_all_single(torch.empty(n), torch.ones(n), [1] * n, [n]),
+        ),
+        (
+            "all_to_all_single splits that do not sum to the rows",
+            ValueError,
+            rf"all_to_all_single: `output_split_sizes` sums to {n + 1} rows, expected dim 0 of "
+            rf"the tensor: {n}",
+            lambda: dist.all_to_all_single(
+                torch.empty(n), torch.ones(n), [2] + [1] * (n - 1), [1] * n
+            ),
+        ),
+        (
+            "all_to_all_single with a negative split",
+            ValueError,
+            r"all_to_all_single: `input_split_sizes\[0\]` is -1, expected a size >= 0",
+            lambda: dist.all_to_all_single(
+                torch.empty(n), torch.ones(n), [1] * n, [-1, 2] + [1] * (n - 2)
+            ),
+        ),
+        (
+            "all_to_all_single even split of indivisible rows",
+            ValueError,
+            rf"all_to_all_single: `input_split_sizes` is empty \(even split\), so dim 0 "
+            rf"\({n + 1}\) must be divisible by the world size {n}",
+            lambda: dist.all_to_all_single(torch.empty(n + 1), torch.ones(n + 1)),
+        ),
+        (
+            "all_to_all_single output of another dtype, direct",
+            TypeError,
+            r"all_to_all_single: `output` has dtype Int but the input has dtype Float",
+            lambda: cpu_backend().alltoall_base(
+                torch.empty(n, dtype=torch.int32), torch.ones(n), [], []
+            ),
+        ),
+        (
+            "all_to_all list too short",
+            ValueError,
+            rf"all_to_all: `output_tensor_list` has {n - 1} tensors, expected one per rank: {n}",
+            lambda: dist.all_to_all([torch.empty(1)] * (n - 1), [torch.ones(1)] * n),
+        ),
+        (
+            "all_to_all list of another dtype, direct",
+            TypeError,
+            r"all_to_all: `output_tensor_list\[0\]` has dtype Double but the input has dtype "
+            r"Float",
+            lambda: cpu_backend().alltoall(
+                [torch.empty(1, dtype=torch.float64)] * n, [torch.ones(1)] * n
+            ),
+        ),
+        # ---- point to point, coalescing, barrier ----
+        (
+            "send to a rank out of range, direct",
+            ValueError,
+            rf"streamnccl send: `dst` is {n}, expected a rank in \[0, {n}\)",
+            lambda: cpu_backend().send([ones], n, 0),
+        ),
+        (
+            "recv from a negative rank, direct",
+            ValueError,
+            rf"streamnccl recv: `src` is -1, expected a rank in \[0, {n}\)",
+            lambda: cpu_backend().recv([torch.empty(4)], -1, 0),
+        ),
+        (
+            "send of two tensors, direct",
+            ValueError,
+            r"send: expected exactly one tensor in `tensor`, got 2",
+            lambda: cpu_backend().send([ones, ones], 0, 0),
+        ),
+        (
+            "allreduce_coalesced of no tensors, direct",
+            ValueError,
+            r"allreduce_coalesced: `tensors` is empty",
+            lambda: cpu_backend().allreduce_coalesced([]),
+        ),
+        (
+            "allreduce_coalesced with a bad tensor after a good one, direct",
+            ValueError,
+            r"allreduce: tensors on meta are not supported",
+            lambda: cpu_backend().allreduce_coalesced(
+                [torch.ones(2), torch.ones(2, device="meta")]
+            ),
+        ),
+        (
+            "barrier on a GPU that is not there",
+            ValueError,
+            r"barrier: cannot use cuda:0|barrier: tensors on cuda:0 are not supported",
+            lambda: dist.barrier(device_ids=[0]),
+        ),
     ]
 
 
@@ -178,6 +382,32 @@ CASE_NAMES = [
     "allreduce PREMUL_SUM of integers",
     "allreduce of a meta tensor",
     "allreduce of a sparse tensor",
+    "reduce root out of range",
+    "reduce AVG of integers",
+    "gather root out of range, direct",
+    "gather list too short on dst, non-empty elsewhere, direct",
+    "gather list element of the wrong size, direct",
+    "scatter root out of range, direct",
+    "scatter list of another dtype, direct",
+    "all_gather_into_tensor output of the wrong size",
+    "all_gather_into_tensor output on another device",
+    "reduce_scatter_tensor input of the wrong size",
+    "reduce_scatter_tensor input of another dtype, direct",
+    "reduce_scatter list too long",
+    "reduce_scatter list element of the wrong size",
+    "all_to_all_single with too few splits",
+    "all_to_all_single splits that do not sum to the rows",
+    "all_to_all_single with a negative split",
+    "all_to_all_single even split of indivisible rows",
+    "all_to_all_single output of another dtype, direct",
+    "all_to_all list too short",
+    "all_to_all list of another dtype, direct",
+    "send to a rank out of range, direct",
+    "recv from a negative rank, direct",
+    "send of two tensors, direct",
+    "allreduce_coalesced of no tensors, direct",
+    "allreduce_coalesced with a bad tensor after a good one, direct",
+    "barrier on a GPU that is not there",
 ]
 
 
