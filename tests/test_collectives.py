@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-WORLD_SIZES = [2, 3]
+WORLD_SIZES = [2, 3, 4]
 MODES = ["sync", "async"]
 OPS = {
     "SUM": dist.ReduceOp.SUM,

@@ -160,3 +160,26 @@ def _object_collectives(ctx):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_object_collectives(rank_pools, world_size):
     rank_pools(world_size).run(_object_collectives)
+
+
+def _zero_elements(ctx, mode):
+    n = ctx.world_size
+    empty = torch.empty(0, 3)
+    run_op(lambda a: dist.broadcast(empty, src=0, async_op=a), mode)
+    run_op(lambda a: dist.reduce(empty, dst=0, async_op=a), mode)
+    outs = [torch.empty(0, 3) for _ in range(n)]
+    run_op(lambda a: dist.all_gather(outs, empty, async_op=a), mode)
+    run_op(lambda a: dist.all_gather_into_tensor(torch.empty(0), torch.empty(0), async_op=a), mode)
+    run_op(lambda a: dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0), async_op=a), mode)
+    run_op(lambda a: dist.all_to_all_single(torch.empty(0), torch.empty(0), async_op=a), mode)
+    # The group still computes right after.
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.full((2,), float(n)))
+    assert all(o.shape == (0, 3) for o in outs)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_element_tensors(rank_pools, world_size, mode):
+    rank_pools(world_size).run(_zero_elements, mode)
