@@ -20,6 +20,37 @@
 namespace py = pybind11;
 
 namespace streamnccl {
+
+// The Python holder of a ProcessGroup. It releases the GIL before dropping its reference:
+// destroying a group joins its host worker, which may itself need the GIL to drop a tensor
+// whose Python object it keeps alive, and would wait for it forever. Same layout as
+// c10::intrusive_ptr, as torch's own c10d holders.
+template <typename T>
+class NoGilDestructor {
+ public:
+  NoGilDestructor() = default;
+  explicit NoGilDestructor(T* raw) : ptr_(c10::intrusive_ptr<T>::reclaim_copy(raw)) {}
+  NoGilDestructor(c10::intrusive_ptr<T> ptr) : ptr_(std::move(ptr)) {}  // NOLINT: implicit
+  NoGilDestructor(const NoGilDestructor&) = default;
+  NoGilDestructor& operator=(const NoGilDestructor&) = default;
+  ~NoGilDestructor() {
+    if (ptr_ && PyGILState_Check()) {
+      py::gil_scoped_release noGil;
+      ptr_.reset();
+    }
+  }
+  T* get() const { return ptr_.get(); }
+  operator c10::intrusive_ptr<T>() const { return ptr_; }  // NOLINT: implicit
+
+ private:
+  c10::intrusive_ptr<T> ptr_;
+};
+
+}  // namespace streamnccl
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, streamnccl::NoGilDestructor<T>, true);
+
+namespace streamnccl {
 namespace {
 
 std::string versionString(int code) {
@@ -85,7 +116,7 @@ PYBIND11_MODULE(_C, m) {
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
 
-  py::class_<ProcessGroup, c10d::Backend, c10::intrusive_ptr<ProcessGroup>>(m, "ProcessGroup")
+  py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>(m, "ProcessGroup")
       .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout"), py::arg("options"), py::arg("gloo"))
       .def_property_readonly("streamnccl_options", &ProcessGroup::options);

@@ -5,6 +5,7 @@ sends them module-level functions to run; every rank calls fn(ctx, *args, **kwar
 """
 
 import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
@@ -52,6 +53,8 @@ def _send(conn, kind, value):
 
 def _worker(rank, world_size, backend, store_port, timeout_s, conn, parent_pid):
     threading.Thread(target=_exit_when_parent_dies, args=(parent_pid,), daemon=True).start()
+    # On a hang the parent asks for every thread's stack before it kills us.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Ctrl-C reaches the whole process group; the parent owns it and stops or kills us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -179,6 +182,8 @@ class RankPool:
                 f"ranks {sorted(pending)} did not answer within "
                 f"{time.monotonic() - start:.0f} s: probable hang in {what}"
             )
+        if pending:
+            self._dump_stacks(pending)
         if pending or any(kind == "died" for kind, _ in replies.values()):
             self._kill()
         if failures:
@@ -192,6 +197,13 @@ class RankPool:
         except (EOFError, OSError):
             proc.join(timeout=5)
             return "died", f"process exited with code {proc.exitcode}"
+
+    def _dump_stacks(self, ranks):
+        """Has hung ranks print every thread's Python stack (to the test's captured stderr)."""
+        for rank in sorted(ranks):
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(self._procs[rank].pid, signal.SIGUSR1)
+        time.sleep(1.0)
 
     def _kill(self):
         if self._procs is None:

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from collective_helpers import MODES, run_op
 
 WORLD_SIZES = [2, 3, 4]
-MODES = ["sync", "async"]
 OPS = {
     "SUM": dist.ReduceOp.SUM,
     "AVG": dist.ReduceOp.AVG,
@@ -17,16 +17,6 @@ OPS = {
     "MIN": dist.ReduceOp.MIN,
     "MAX": dist.ReduceOp.MAX,
 }
-
-
-def run_op(call, mode):
-    """Runs one collective sync or async; for async, waits on the returned Work."""
-    if mode == "sync":
-        assert call(False) is None
-    else:
-        work = call(True)
-        assert work.wait()
-        assert work.is_completed()
 
 
 def random_tensor(ctx, i, shape, dtype):

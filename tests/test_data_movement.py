@@ -5,18 +5,9 @@ and dtypes that only move (bool, float8, bfloat16, complex)."""
 import pytest
 import torch
 import torch.distributed as dist
+from collective_helpers import MODES, run_op
 
 WORLD_SIZES = [2, 3, 4]
-MODES = ["sync", "async"]
-
-
-def run_op(call, mode):
-    if mode == "sync":
-        assert call(False) is None
-    else:
-        work = call(True)
-        assert work.wait()
-        assert work.is_completed()
 
 
 def _gather_scatter(ctx, mode):

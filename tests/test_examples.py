@@ -10,20 +10,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_ddp_example_trains_and_ends_with_identical_parameters(nproc, tmp_path):
+def torchrun(script, nproc, *args, timeout_s, cwd):
+    """Runs examples/<script> under torchrun; a hang fails the test after `timeout_s`."""
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-        str(ROOT / "examples" / "ddp_train.py"), "--steps", "20",
+        str(ROOT / "examples" / script), *args,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd
         )
     except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"the DDP example did not finish within 240 s:\n{timeout.stdout}")
+        pytest.fail(f"examples/{script} did not finish within {timeout_s} s:\n{timeout.stdout}")
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ddp_example_trains_and_ends_with_identical_parameters(nproc, tmp_path):
+    done = torchrun("ddp_train.py", nproc, "--steps", "20", timeout_s=240, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert f"backend streamnccl, device cpu, {nproc} ranks" in done.stdout, output
@@ -48,17 +53,6 @@ ONE_IDEA_EXAMPLES = {
 
 @pytest.mark.parametrize("name", list(ONE_IDEA_EXAMPLES))
 def test_one_idea_example(name, tmp_path):
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-        str(ROOT / "examples" / f"{name}.py"),
-    ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
-        )
-    except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"examples/{name}.py did not finish within 120 s:\n{timeout.stdout}")
+    done = torchrun(f"{name}.py", 2, timeout_s=120, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert ONE_IDEA_EXAMPLES[name] in done.stdout, done.stdout + done.stderr

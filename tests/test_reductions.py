@@ -4,18 +4,9 @@ NCCL users train in, sync and async, against Gloo on random per-rank data and cl
 import pytest
 import torch
 import torch.distributed as dist
+from collective_helpers import MODES, run_op
 
 WORLD_SIZES = [2, 3, 4]
-MODES = ["sync", "async"]
-
-
-def run_op(call, mode):
-    if mode == "sync":
-        assert call(False) is None
-    else:
-        work = call(True)
-        assert work.wait()
-        assert work.is_completed()
 
 
 def rand(ctx, i, shape, dtype=torch.float32):
