@@ -18,7 +18,10 @@
 //     group, until `end` has completed: memory is never handed back to the allocator while
 //     the op may still touch it.
 //  6. Ops of one group on one device are enqueued in program order; internal streams are made
-//     lazily, one per device (optionally high priority).
+//     lazily, one per device (optionally high priority). Point-to-point ops too: a recv waits
+//     in that order, as on one NCCL communicator; exchanges in any order go in one group.
+//  7. Coalesced ops (startCoalescing/endCoalescing, *_coalesced, batch_isend_irecv) are
+//     issued as one communicator group inside one task on the internal stream: one Work.
 //
 // On the host path "streams" are executors: the caller's stream is the calling thread, which
 // is synchronous, and the internal stream is one worker thread per group. Host ops are run by
