@@ -95,6 +95,13 @@ std::vector<int64_t> splitSizes(const char* op, const char* arg, const std::vect
   return splits;
 }
 
+void pairedLists(const char* op, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& outputs) {
+  STREAMNCCL_CHECK_ARG(!inputs.empty() && inputs.size() == outputs.size(), op, "got ",
+                       inputs.size(), " inputs and ", outputs.size(),
+                       " outputs, expected the same number, at least one");
+}
+
 void peerInRange(const char* op, const char* arg, int64_t peer, int size) {
   STREAMNCCL_CHECK_ARG(peer >= 0 && peer < size, op, "`", arg, "` is ", peer,
                        ", expected a rank in [0, ", size, ")");

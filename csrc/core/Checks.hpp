@@ -46,6 +46,10 @@ void wholeIsSizeParts(const char* op, const char* wholeArg, const at::Tensor& wh
 std::vector<int64_t> splitSizes(const char* op, const char* arg, const std::vector<int64_t>& splits,
                                 const at::Tensor& tensor, int size);
 
+// The input and output lists of a coalesced op: as many of each, at least one.
+void pairedLists(const char* op, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& outputs);
+
 // A peer rank of a point-to-point op.
 void peerInRange(const char* op, const char* arg, int64_t peer, int size);
 

@@ -144,10 +144,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputT
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  constexpr const char* op = "allgather_into_tensor_coalesced";
-  STREAMNCCL_CHECK_ARG(!inputs.empty() && inputs.size() == outputs.size(), op, "got ",
-                       inputs.size(), " inputs and ", outputs.size(),
-                       " outputs, expected the same number, at least one");
+  checks::pairedLists("allgather_into_tensor_coalesced", inputs, outputs);
   return coalesce([&] {
     for (const auto i : c10::irange(inputs.size())) {
       _allgather_base(outputs[i], inputs[i], opts);
@@ -221,10 +218,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  constexpr const char* op = "reduce_scatter_tensor_coalesced";
-  STREAMNCCL_CHECK_ARG(!inputs.empty() && inputs.size() == outputs.size(), op, "got ",
-                       inputs.size(), " inputs and ", outputs.size(),
-                       " outputs, expected the same number, at least one");
+  checks::pairedLists("reduce_scatter_tensor_coalesced", inputs, outputs);
   return coalesce([&] {
     for (const auto i : c10::irange(inputs.size())) {
       _reduce_scatter_base(outputs[i], inputs[i], opts);
