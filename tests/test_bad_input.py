@@ -331,6 +331,18 @@ def _cases():
             lambda: cpu_backend().recv([torch.empty(4)], -1, 0),
         ),
         (
+            "send to itself, direct",
+            ValueError,
+            rf"streamnccl send: `dst` is this rank \({dist.get_rank()}\); a rank cannot send to",
+            lambda: cpu_backend().send([ones], dist.get_rank(), 0),
+        ),
+        (
+            "recv from itself, direct",
+            ValueError,
+            rf"streamnccl recv: `src` is this rank \({dist.get_rank()}\); a rank cannot",
+            lambda: cpu_backend().recv([torch.empty(4)], dist.get_rank(), 0),
+        ),
+        (
             "send of two tensors, direct",
             ValueError,
             r"send: expected exactly one tensor in `tensor`, got 2",
@@ -404,6 +416,8 @@ CASE_NAMES = [
     "all_to_all list of another dtype, direct",
     "send to a rank out of range, direct",
     "recv from a negative rank, direct",
+    "send to itself, direct",
+    "recv from itself, direct",
     "send of two tensors, direct",
     "allreduce_coalesced of no tensors, direct",
     "allreduce_coalesced with a bad tensor after a good one, direct",
@@ -424,6 +438,8 @@ def _cuda_tensor_without_gpu(ctx):
         lambda: backend.allreduce([fake_cuda_tensor(4)]),
         lambda: backend.broadcast(fake_cuda_tensor(4), 0),
         lambda: backend.allgather([[fake_cuda_tensor(4)] * ctx.world_size], [fake_cuda_tensor(4)]),
+        # Point-to-point opens the lanes to the peer instead of the group's path.
+        lambda: backend.send([fake_cuda_tensor(4)], (ctx.rank + 1) % ctx.world_size, 0),
     ):
         expect_error(
             ctx,

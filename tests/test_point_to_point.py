@@ -20,23 +20,66 @@ def _send_recv_ring(ctx):
         dist.recv(inbox, src=left, tag=7)
         dist.send(out, dst=right, tag=7)
     assert torch.equal(inbox, torch.full((3, 2), float(left)))
-    # Non-blocking, into a non-contiguous receive buffer. Ops of a group run in program
-    # order on one stream (as NCCL ops on one communicator do), so a recv posted before the
-    # matching send would block it: even ranks send first. For any order, batch_isend_irecv.
+    # Non-blocking, into a non-contiguous receive buffer, every rank posting its recv first:
+    # sends to a peer and recvs from it run on separate lanes, so neither waits for the other.
     inbox_t = torch.empty(2, 3).t()
     message = torch.full((3, 2), float(me) + 0.5)
-    if me % 2 == 0:
-        works = [dist.isend(message, dst=right, tag=1), dist.irecv(inbox_t, src=left, tag=1)]
-    else:
-        works = [dist.irecv(inbox_t, src=left, tag=1), dist.isend(message, dst=right, tag=1)]
-    for work in works:
-        work.wait()
+    pending = dist.irecv(inbox_t, src=left, tag=1)
+    dist.send(message, dst=right, tag=1)
+    pending.wait()
     assert torch.equal(inbox_t, torch.full((3, 2), float(left) + 0.5))
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_send_recv_around_a_ring(rank_pools, world_size):
     rank_pools(world_size).run(_send_recv_ring)
+
+
+def _exchange_in_any_order(ctx, numel):
+    # Each rank swaps a message with every other rank, recvs posted before sends, and with
+    # messages large enough that no transport could buffer a send whole.
+    n, me = ctx.world_size, ctx.rank
+    inboxes = {peer: torch.empty(numel, dtype=torch.int32) for peer in range(n) if peer != me}
+    recvs = [dist.irecv(inbox, src=peer) for peer, inbox in inboxes.items()]
+    sends = [dist.isend(torch.full((numel,), 100 * me + p, dtype=torch.int32), p) for p in inboxes]
+    for work in recvs + sends:
+        work.wait()
+    for peer, inbox in inboxes.items():
+        assert torch.equal(inbox, torch.full((numel,), 100 * peer + me, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("numel", [5, 1 << 21], ids=["small", "8MiB"])
+def test_recvs_posted_before_sends_do_not_block_them(rank_pools, world_size, numel):
+    rank_pools(world_size).run(_exchange_in_any_order, numel)
+
+
+def _messages_keep_their_order_beside_collectives(ctx):
+    # Rank 1 sends rank 0 a run of messages, after a collective that rank 0 joins only once
+    # its recvs are posted: a pending recv does not hold up the group's collectives, and the
+    # messages arrive in the order they were sent.
+    me = ctx.rank
+    total = torch.full((2,), float(me))
+    if me == 0:
+        inboxes = [torch.empty(3) for _ in range(4)]
+        recvs = [dist.irecv(inbox, src=1) for inbox in inboxes]
+        dist.all_reduce(total)
+        for work in recvs:
+            work.wait()
+        for k, inbox in enumerate(inboxes):
+            assert torch.equal(inbox, torch.full((3,), float(k)))
+    else:
+        dist.all_reduce(total)
+        if me == 1:
+            sends = [dist.isend(torch.full((3,), float(k)), dst=0) for k in range(4)]
+            for work in sends:
+                work.wait()
+    assert torch.equal(total, torch.full((2,), float(sum(range(ctx.world_size)))))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_messages_keep_their_order_beside_collectives(rank_pools, world_size):
+    rank_pools(world_size).run(_messages_keep_their_order_beside_collectives)
 
 
 def _batch_isend_irecv(ctx):

@@ -18,14 +18,17 @@
 //     group, until `end` has completed: memory is never handed back to the allocator while
 //     the op may still touch it.
 //  6. Ops of one group on one device are enqueued in program order; internal streams are made
-//     lazily, one per device (optionally high priority). Point-to-point ops too: a recv waits
-//     in that order, as on one NCCL communicator; exchanges in any order go in one group.
+//     lazily, one per device (optionally high priority). A send or recv outside a group is
+//     the exception: it runs on its lane (Path.hpp), a stream per peer and direction, in
+//     program order with the other ops of that lane only, so a pending recv blocks nothing
+//     else. Its `ready` event still orders it after the caller's earlier work.
 //  7. Coalesced ops (startCoalescing/endCoalescing, *_coalesced, batch_isend_irecv) are
 //     issued as one communicator group inside one task on the internal stream: one Work.
 //
 // On the host path "streams" are executors: the caller's stream is the calling thread, which
 // is synchronous, and the internal stream is one worker thread per group. Host ops are run by
-// the worker in program order; a sync op returns when its result is ready.
+// the worker in program order; a sync op returns when its result is ready. Each lane is one
+// more worker.
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>

@@ -3,7 +3,8 @@
 // A path is how one kind of tensor travels: the device model that orders its work and the
 // communicator that moves it. The core is given one PathFactory per device type at
 // construction and opens a path per device on first use, so it never names a concrete
-// device or communicator.
+// device or communicator. Point-to-point ops outside a group travel on lanes: paths of
+// their own, one per peer and direction.
 
 #include "core/Communicator.hpp"
 #include "core/Device.hpp"
@@ -21,6 +22,15 @@ struct Path {
   std::shared_ptr<Communicator> communicator;
 };
 
+// The two lanes between this rank and one peer on one device. Each has its own internal
+// stream and communicator, so sends to the peer run in program order among themselves, and
+// so do receives from it, but neither waits for the other or for the group's collectives:
+// a recv posted before the send its peer waits for cannot block that send.
+struct PeerLanes {
+  std::unique_ptr<Path> sends;
+  std::unique_ptr<Path> receives;
+};
+
 class PathFactory {
  public:
   virtual ~PathFactory() = default;
@@ -28,6 +38,11 @@ class PathFactory {
   // group at the same op (opening may be collective). Throws c10::Error with the reason when
   // the device cannot be used.
   virtual std::unique_ptr<Path> open(const c10::Device& device) = 0;
+  // Opens the lanes to `peer` (a group rank, not this one) for tensors on `device`. Called
+  // once per peer and device, by both ranks at their first send or recv to each other
+  // outside a group (opening may be collective between the two). The lanes' communicators
+  // take group ranks. Throws c10::Error with the reason when the device cannot be used.
+  virtual PeerLanes openPeer(const c10::Device& device, int peer) = 0;
 };
 
 }  // namespace streamnccl

@@ -40,7 +40,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
   constexpr const char* op = "send";
   const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
   checks::peerInRange(op, "dst", dstRank, getSize());
-  Path& path = pathFor(tensor.device(), op);
+  // Inside a group (batch_isend_irecv) the op joins the group's communicator group on the
+  // group's stream; alone, it runs on its lane to the peer.
+  Path& path = coalescing_ ? pathFor(tensor.device(), op)
+                           : laneFor(tensor.device(), dstRank, Direction::Send, op);
   auto scratch = makeScratch(1);
   // Point-to-point ops carry no async flag in c10d: they run as async ops and dist.send waits.
   return submit({op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout},
@@ -57,7 +60,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
   constexpr const char* op = "recv";
   const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
   checks::peerInRange(op, "src", srcRank, getSize());
-  Path& path = pathFor(tensor.device(), op);
+  Path& path = coalescing_ ? pathFor(tensor.device(), op)
+                           : laneFor(tensor.device(), srcRank, Direction::Receive, op);
   auto scratch = makeScratch(1);
   return submit({op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout},
                 path,

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace streamnccl {
 namespace {
 
@@ -27,8 +29,36 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
 ProcessGroup::~ProcessGroup() {
   // Paths go first; each device finishes what its streams hold before it stops.
   std::lock_guard<std::mutex> lock(pathsMutex_);
+  lanes_.clear();
   paths_.clear();
 }
+
+PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op) const {
+  auto factory = factories_.find(device.type());
+  STREAMNCCL_CHECK_ARG(factory != factories_.end(), op, "tensors on ", device,
+                       " are not supported by this build of streamnccl (paths built: ",
+                       factories_.count(c10::kCUDA) ? "host and NCCL" : "host only",
+                       "); expected cpu", factories_.count(c10::kCUDA) ? " or cuda" : "",
+                       " tensors");
+  return *factory->second;
+}
+
+namespace {
+
+// Runs a factory's opening of `device`: a reason the device cannot be used becomes a bad
+// argument of `op`, while a communication fault while connecting (NCCL init) stays one.
+template <typename Open>
+auto openOrRefuse(const char* op, const c10::Device& device, Open open) -> decltype(open()) {
+  try {
+    return open();
+  } catch (const c10::DistBackendError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());
+  }
+}
+
+}  // namespace
 
 Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
   std::lock_guard<std::mutex> lock(pathsMutex_);
@@ -36,24 +66,27 @@ Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
   if (found != paths_.end()) {
     return *found->second;
   }
-  auto factory = factories_.find(device.type());
-  STREAMNCCL_CHECK_ARG(factory != factories_.end(), op, "tensors on ", device,
-                       " are not supported by this build of streamnccl (paths built: ",
-                       factories_.count(c10::kCUDA) ? "host and NCCL" : "host only",
-                       "); expected cpu", factories_.count(c10::kCUDA) ? " or cuda" : "",
-                       " tensors");
-  std::unique_ptr<Path> path;
-  try {
-    path = factory->second->open(device);
-  } catch (const c10::DistBackendError&) {
-    throw;  // a communication fault while connecting (NCCL init) is not a bad argument
-  } catch (const c10::Error& e) {
-    STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());
-  }
+  PathFactory& factory = factoryFor(device, op);
+  auto path = openOrRefuse(op, device, [&] { return factory.open(device); });
   if (!device.is_cpu()) {
     lastAcceleratorDevice_ = device;
   }
   return *paths_.emplace(device, std::move(path)).first->second;
+}
+
+Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direction,
+                            const char* op) {
+  STREAMNCCL_CHECK_ARG(peer != getRank(), op, "`", direction == Direction::Send ? "dst" : "src",
+                       "` is this rank (", peer, "); a rank cannot send to or receive from itself");
+  std::lock_guard<std::mutex> lock(pathsMutex_);
+  auto& peers = lanes_[device];
+  auto found = peers.find(peer);
+  if (found == peers.end()) {
+    PathFactory& factory = factoryFor(device, op);
+    auto lanes = openOrRefuse(op, device, [&] { return factory.openPeer(device, peer); });
+    found = peers.emplace(peer, std::move(lanes)).first;
+  }
+  return direction == Direction::Send ? *found->second.sends : *found->second.receives;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, Steps steps) {
@@ -136,10 +169,11 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
 
 void ProcessGroup::trackInFlight(c10::intrusive_ptr<Work> work) {
   std::lock_guard<std::mutex> lock(inFlightMutex_);
-  // Ops complete in program order, so completed ones are at the front.
-  while (!inFlight_.empty() && inFlight_.front()->releaseIfCompleted()) {
-    inFlight_.pop_front();
-  }
+  // Every entry is checked: ops on different lanes complete in any order.
+  inFlight_.erase(
+      std::remove_if(inFlight_.begin(), inFlight_.end(),
+                     [](const auto& inFlight) { return inFlight->releaseIfCompleted(); }),
+      inFlight_.end());
   inFlight_.push_back(std::move(work));
 }
 

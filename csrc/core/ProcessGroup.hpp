@@ -124,6 +124,10 @@ class ProcessGroup final : public c10d::Backend {
   };
 
   Path& pathFor(const c10::Device& device, const char* op);
+  enum class Direction { Send, Receive };
+  // The lane a send to, or a recv from, `peer` outside a group runs on (see PeerLanes).
+  Path& laneFor(const c10::Device& device, int peer, Direction direction, const char* op);
+  PathFactory& factoryFor(const c10::Device& device, const char* op) const;
   // Records the ops `record` submits into one coalesced group (the open one, or a new one
   // ended here), so they run as one communicator group with one Work. A bad argument in any
   // of them raises before anything of a new group is launched.
@@ -141,6 +145,7 @@ class ProcessGroup final : public c10d::Backend {
 
   mutable std::mutex pathsMutex_;
   std::unordered_map<c10::Device, std::unique_ptr<Path>> paths_;
+  std::unordered_map<c10::Device, std::unordered_map<int, PeerLanes>> lanes_;
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};

@@ -5,16 +5,22 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <atomic>
+#include <string>
+#include <unordered_map>
 
 namespace streamnccl {
 
-// Opens the NCCL path for one CUDA device: a CudaDevice and that device's NCCL communicator.
+// Opens the NCCL path for one CUDA device: a CudaDevice and that device's NCCL communicator
+// over the whole group. A peer's lanes are each a CudaDevice (so a stream of their own) and a
+// two-rank communicator carrying one direction: a communicator is not safe to use from two
+// streams at once, and one per direction is what lets a recv and a send between the same
+// two ranks progress independently.
 class CudaPathFactory final : public PathFactory {
  public:
   CudaPathFactory(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                   c10::intrusive_ptr<Options> options);
   std::unique_ptr<Path> open(const c10::Device& device) override;
+  PeerLanes openPeer(const c10::Device& device, int peer) override;
 
  private:
   const c10::intrusive_ptr<c10d::Store> store_;
@@ -24,6 +30,8 @@ class CudaPathFactory final : public PathFactory {
   // Ranks open their devices in the same op order, so the n-th communicator of each rank
   // shares the n-th unique id, whatever device index each rank uses.
   int communicatorsOpened_ = 0;
+  // Likewise per peer: the n-th lanes two ranks open to each other meet under the same keys.
+  std::unordered_map<int, int> lanesOpened_;
 };
 
 }  // namespace streamnccl

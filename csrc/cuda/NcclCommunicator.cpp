@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Logging.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace streamnccl {
@@ -74,23 +75,33 @@ ncclRedOp_t ncclOp(ReduceKind kind) {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(c10d::Store& store, int rank, int size, c10::Device device,
-                                   int ordinal)
-    : who_("[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(size) + " " +
-           device.str() + "]") {
-  const std::string key = "streamnccl/ncclUniqueId/" + std::to_string(ordinal);
+NcclCommunicator::NcclCommunicator(c10d::Store& store, int groupRank, int groupSize,
+                                   c10::Device device, NcclMembership membership)
+    : who_(std::move(membership.who)), members_(std::move(membership.members)) {
+  const int size = members_.empty() ? groupSize : static_cast<int>(members_.size());
+  const int rank = commRank(groupRank);
   ncclUniqueId id;
   if (rank == 0) {
     STREAMNCCL_NCCL_CHECK(ncclGetUniqueId(&id), who_, nullptr);
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+    store.set(membership.idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
-    const std::vector<uint8_t> bytes = store.get(key);
+    const std::vector<uint8_t> bytes = store.get(membership.idKey);
     TORCH_INTERNAL_ASSERT(bytes.size() == sizeof(id), "streamnccl: malformed NCCL unique id");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
   c10::cuda::CUDAGuard guard(device);
   STREAMNCCL_NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank), who_, nullptr);
+}
+
+int NcclCommunicator::commRank(int groupRank) const {
+  if (members_.empty()) {
+    return groupRank;
+  }
+  const auto found = std::find(members_.begin(), members_.end(), groupRank);
+  TORCH_INTERNAL_ASSERT(found != members_.end(), who_, " group rank ", groupRank,
+                        " is not a member of this communicator");
+  return static_cast<int>(found - members_.begin());
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -118,7 +129,7 @@ void NcclCommunicator::broadcast(const at::Tensor& input, const at::Tensor& outp
                                  c10::Stream stream) {
   STREAMNCCL_NCCL_CHECK(
       ncclBroadcast(input.data_ptr(), output.data_ptr(), output.numel(),
-                    ncclType(output.scalar_type()), root, comm_, cudaStreamOf(stream)),
+                    ncclType(output.scalar_type()), commRank(root), comm_, cudaStreamOf(stream)),
       who_, comm_);
 }
 
@@ -133,7 +144,7 @@ void NcclCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
                               int root, c10::Stream stream) {
   STREAMNCCL_NCCL_CHECK(
       ncclReduce(input.data_ptr(), output.data_ptr(), input.numel(), ncclType(input.scalar_type()),
-                 ncclOp(op), root, comm_, cudaStreamOf(stream)),
+                 ncclOp(op), commRank(root), comm_, cudaStreamOf(stream)),
       who_, comm_);
 }
 
@@ -147,13 +158,13 @@ void NcclCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
 
 void NcclCommunicator::send(const at::Tensor& input, int peer, c10::Stream stream) {
   STREAMNCCL_NCCL_CHECK(ncclSend(input.data_ptr(), input.numel(), ncclType(input.scalar_type()),
-                                 peer, comm_, cudaStreamOf(stream)),
+                                 commRank(peer), comm_, cudaStreamOf(stream)),
                         who_, comm_);
 }
 
 void NcclCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stream) {
   STREAMNCCL_NCCL_CHECK(ncclRecv(output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
-                                 peer, comm_, cudaStreamOf(stream)),
+                                 commRank(peer), comm_, cudaStreamOf(stream)),
                         who_, comm_);
 }
 

@@ -7,16 +7,29 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <string>
+#include <vector>
 
 namespace streamnccl {
 
-// The Communicator of the NCCL path: one ncclComm_t per group and device, a 1:1 mapping of
-// the interface onto NCCL calls on the given stream.
+// Which ranks of the group an ncclComm_t spans, and under what name it meets them.
+struct NcclMembership {
+  // Group ranks in communicator rank order; empty means the whole group in rank order.
+  std::vector<int> members;
+  // The Store key the unique id is published under; every member opens it with the same key.
+  std::string idKey;
+  // How errors name this communicator: "[streamnccl rank r/n cuda:d]" and the like.
+  std::string who;
+};
+
+// The Communicator of the NCCL path: one ncclComm_t, a 1:1 mapping of the interface onto
+// NCCL calls on the given stream. Roots and peers are group ranks, translated to the
+// communicator's own ranks when it spans only some of the group.
 class NcclCommunicator final : public Communicator {
  public:
-  // Collective: every rank calls it for the group's `ordinal`-th communicator. Rank 0 makes
+  // Collective over the members: each calls it with the same `idKey`. The first member makes
   // the unique id and publishes it through `store`.
-  NcclCommunicator(c10d::Store& store, int rank, int size, c10::Device device, int ordinal);
+  NcclCommunicator(c10d::Store& store, int groupRank, int groupSize, c10::Device device,
+                   NcclMembership membership);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -37,7 +50,10 @@ class NcclCommunicator final : public Communicator {
   void groupEnd() override;
 
  private:
+  int commRank(int groupRank) const;
+
   const std::string who_;
+  const std::vector<int> members_;
   ncclComm_t comm_ = nullptr;
 };
 

@@ -38,8 +38,8 @@ const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
 
 }  // namespace
 
-HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo)
-    : gloo_(std::move(gloo)) {}
+HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag)
+    : gloo_(std::move(gloo)), tag_(tag) {}
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
                                  c10::Stream /*stream: the calling thread*/) {
@@ -85,16 +85,17 @@ void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
   complete(gloo_->_reduce_scatter_base(out, in, opts));
 }
 
-// Tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks in
-// the order they were posted, and ops run in program order, so one tag is enough.
+// User tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks
+// with the same tag in the order they were posted, and each stream posts in program order,
+// so one tag per concurrently running stream is enough.
 void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
   std::vector<at::Tensor> tensors{input};
-  complete(gloo_->send(tensors, peer, /*tag=*/0));
+  complete(gloo_->send(tensors, peer, tag_));
 }
 
 void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
   std::vector<at::Tensor> tensors{output};
-  complete(gloo_->recv(tensors, peer, /*tag=*/0));
+  complete(gloo_->recv(tensors, peer, tag_));
 }
 
 void HostCommunicator::groupStart() { ++groupDepth_; }

@@ -12,7 +12,10 @@ namespace streamnccl {
 // the op's task; a Gloo failure propagates as an exception to the op's task.
 class HostCommunicator final : public Communicator {
  public:
-  explicit HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo);
+  // `tag`: the Gloo tag of this communicator's sends and recvs. Communicators whose streams
+  // run concurrently (the group's and its peer lanes) must not share one, or Gloo could
+  // match a message with a recv posted by another stream.
+  HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag);
 
   bool supportsAvg(at::ScalarType) const override { return false; }  // Gloo has no AVG
   void allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
@@ -34,6 +37,7 @@ class HostCommunicator final : public Communicator {
   void complete(c10::intrusive_ptr<c10d::Work> work);
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
+  const int tag_;
   // Touched only by the host stream's executor, one task at a time.
   int groupDepth_ = 0;
   std::vector<c10::intrusive_ptr<c10d::Work>> grouped_;

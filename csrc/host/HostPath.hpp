@@ -6,11 +6,13 @@
 
 namespace streamnccl {
 
-// Opens the host path for CPU tensors: one worker-thread device and a Gloo communicator.
+// Opens the host path for CPU tensors: one worker-thread device and a Gloo communicator, and
+// per peer lane another worker and communicator over the same Gloo backend.
 class HostPathFactory final : public PathFactory {
  public:
   explicit HostPathFactory(c10::intrusive_ptr<c10d::Backend> gloo) : gloo_(std::move(gloo)) {}
   std::unique_ptr<Path> open(const c10::Device& device) override;
+  PeerLanes openPeer(const c10::Device& device, int peer) override;
 
  private:
   const c10::intrusive_ptr<c10d::Backend> gloo_;
