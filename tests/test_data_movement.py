@@ -124,7 +124,7 @@ def _movement_dtypes(ctx, mode):
         assert torch.equal(b.view(torch.uint8), gathered[n - 1].view(torch.uint8)), dtype
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("mode", MODES)
 def test_dtypes_that_only_move(rank_pools, world_size, mode):
     rank_pools(world_size).run(_movement_dtypes, mode)
@@ -170,7 +170,7 @@ def _zero_elements(ctx, mode):
     assert all(o.shape == (0, 3) for o in outs)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("mode", MODES)
 def test_zero_element_tensors(rank_pools, world_size, mode):
     rank_pools(world_size).run(_zero_elements, mode)

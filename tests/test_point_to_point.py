@@ -158,6 +158,6 @@ def _all_reduce_coalesced(ctx):
     assert torch.equal(tensors[1], torch.full((2, 2), 2 * total))
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_all_reduce_coalesced(rank_pools, world_size):
     rank_pools(world_size).run(_all_reduce_coalesced)

@@ -95,7 +95,7 @@ def _premul_sum(ctx, mode):
         assert torch.equal(source, torch.full((2 * n,), float(r + 1)))
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("mode", MODES)
 def test_premul_sum_with_scalar_and_tensor_factor(rank_pools, world_size, mode):
     rank_pools(world_size).run(_premul_sum, mode)
