@@ -61,14 +61,14 @@ def make_extension():
         if nccl_wanted():
             print("streamnccl: NCCL not found (NCCL_HOME, nvidia.nccl, CUDA_HOME); host path only")
         return cpp_extension.CppExtension(
-            sources=cpp_sources("csrc", "csrc/core", "csrc/host"), **common
+            sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/sim"), **common
         )
     include, lib = nccl
     print(f"streamnccl: building the NCCL path against {include / 'nccl.h'}")
     common["include_dirs"].append(str(include))
     common["define_macros"].append(("STREAMNCCL_WITH_NCCL", "1"))
     return cpp_extension.CUDAExtension(
-        sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/cuda"),
+        sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/sim", "csrc/cuda"),
         library_dirs=[str(lib)],
         # The pip wheel ships only the versioned soname.
         extra_link_args=["-l:libnccl.so.2", f"-Wl,-rpath,{lib}"],

@@ -4,6 +4,7 @@
 #include "core/Options.hpp"
 #include "core/ProcessGroup.hpp"
 #include "host/HostPath.hpp"
+#include "sim/SimController.hpp"
 
 #ifdef STREAMNCCL_WITH_NCCL
 #include "cuda/CudaPath.hpp"
@@ -91,6 +92,38 @@ py::dict buildInfo() {
   return info;
 }
 
+// Test-only: the simulated device of the ordering tests (csrc/sim/), under private names.
+void bindSimulation(py::module_& m) {
+  using sim::SimController;
+  using sim::SimRead;
+  py::class_<SimRead>(m, "_SimulatedRead")
+      .def("value", &SimRead::value, py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
+  py::class_<SimController, NoGilDestructor<SimController>>(m, "_SimulatedDevice")
+      .def(py::init([](uint64_t seed, int64_t maxDelayUs, bool dropDependencies) {
+             return c10::make_intrusive<SimController>(
+                 sim::SimSettings{seed, std::chrono::microseconds(maxDelayUs), dropDependencies});
+           }),
+           py::kw_only(), py::arg("seed"), py::arg("max_delay_us"),
+           py::arg("drop_dependencies") = false)
+      .def(
+          "process_group",
+          [](SimController& self, int rank, int size, std::chrono::milliseconds timeout,
+             c10::intrusive_ptr<c10d::Backend> gloo) {
+            return NoGilDestructor<ProcessGroup>(
+                self.processGroup(rank, size, timeout, std::move(gloo)));
+          },
+          py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("gloo"))
+      .def("write", &SimController::write, py::arg("tensor"), py::arg("value"))
+      .def("read", &SimController::read, py::arg("tensor"))
+      .def("synchronize", &SimController::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("reseed", &SimController::reseed, py::arg("seed"))
+      .def("hold_internal_streams", &SimController::holdInternalStreams, py::arg("held"))
+      .def(
+          "empty", [](SimController& self, int64_t numel) { return self.memory().empty(numel); },
+          py::arg("numel"))
+      .def_property_readonly("reuses", [](SimController& self) { return self.memory().reuses(); });
+}
+
 }  // namespace
 }  // namespace streamnccl
 
@@ -122,4 +155,5 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("streamnccl_options", &ProcessGroup::options);
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
+  bindSimulation(m);
 }
