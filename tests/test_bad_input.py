@@ -438,6 +438,8 @@ def _cuda_tensor_without_gpu(ctx):
         lambda: backend.allreduce([fake_cuda_tensor(4)]),
         lambda: backend.broadcast(fake_cuda_tensor(4), 0),
         lambda: backend.allgather([[fake_cuda_tensor(4)] * ctx.world_size], [fake_cuda_tensor(4)]),
+        # Connecting eagerly opens the path as the first op would.
+        lambda: backend.eager_connect_single_device(torch.device("cuda", 0)),
         # Point-to-point opens the lanes to the peer instead of the group's path.
         lambda: backend.send([fake_cuda_tensor(4)], (ctx.rank + 1) % ctx.world_size, 0),
     ):

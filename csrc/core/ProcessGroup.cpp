@@ -74,6 +74,10 @@ Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
   return *paths_.emplace(device, std::move(path)).first->second;
 }
 
+void ProcessGroup::eagerConnectSingleDevice(at::Device device) {
+  pathFor(device, "eager_connect_single_device");
+}
+
 Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direction,
                             const char* op) {
   STREAMNCCL_CHECK_ARG(peer != getRank(), op, "`", direction == Direction::Send ? "dst" : "src",

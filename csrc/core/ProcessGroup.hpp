@@ -34,6 +34,9 @@ class ProcessGroup final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsCoalescing() const override { return true; }
+  // Opens the path for `device` now (on CUDA: creates the NCCL communicator) instead of at
+  // the first op. Collective: every rank calls it.
+  void eagerConnectSingleDevice(at::Device device) override;
 
   // Collectives.cpp
   c10::intrusive_ptr<c10d::Work> allreduce(

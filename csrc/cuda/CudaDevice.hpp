@@ -4,13 +4,34 @@
 
 #include <c10/cuda/CUDAStream.h>
 
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace streamnccl {
 
+// CUDA events for reuse: every async op records two, and creating one costs a driver call.
+// An event goes back to the pool when its Event is destroyed (its Work, or the launch, is
+// done with it); the pool outlives every Event that holds it.
+class CudaEventPool {
+ public:
+  explicit CudaEventPool(c10::Device device);
+  ~CudaEventPool();
+  CudaEventPool(const CudaEventPool&) = delete;
+  CudaEventPool& operator=(const CudaEventPool&) = delete;
+
+  cudaEvent_t take();
+  void give(cudaEvent_t event);
+
+ private:
+  const c10::Device device_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
 // The Device of the NCCL path: the caller's current CUDA stream, one internal stream per
-// group and device (from c10's pool, made on first async op), and CUDA events.
+// group and device (from c10's pool, made on first async op), and pooled CUDA events.
 class CudaDevice final : public Device {
  public:
   CudaDevice(c10::Device device, bool highPriority);
@@ -28,6 +49,7 @@ class CudaDevice final : public Device {
   const bool highPriority_;
   std::once_flag internalCreated_;
   std::optional<c10::cuda::CUDAStream> internal_;
+  const std::shared_ptr<CudaEventPool> events_;
 };
 
 }  // namespace streamnccl
