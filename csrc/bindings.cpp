@@ -70,7 +70,9 @@ c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d:
   ProcessGroup::PathFactories factories;
   factories.emplace(c10::kCPU, std::make_unique<HostPathFactory>(std::move(gloo)));
 #ifdef STREAMNCCL_WITH_NCCL
-  factories.emplace(c10::kCUDA, std::make_unique<CudaPathFactory>(store, rank, size, options));
+  factories.emplace(c10::kCUDA,
+                    std::make_unique<CudaPathFactory>(NcclApi::library(), CudaApi::runtime(), store,
+                                                      rank, size, options));
 #endif
   return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
 }

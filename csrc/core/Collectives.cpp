@@ -25,7 +25,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
                 {[tensor, reduction, work](Communicator& comm, c10::Stream stream) {
                    *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
                    const at::Tensor buffer = lowering::reductionBuffer(*work);
-                   comm.allReduce(buffer, buffer, reduction.kind, stream);
+                   comm.allReduce(buffer, buffer, reduction.communicatorOp(), stream);
                  },
                  [tensor, reduction, work, size]() {
                    lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
@@ -82,7 +82,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
                 {[tensor, reduction, root, work](Communicator& comm, c10::Stream stream) {
                    *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
                    const at::Tensor buffer = lowering::reductionBuffer(*work);
-                   comm.reduce(buffer, buffer, reduction.kind, root, stream);
+                   comm.reduce(buffer, buffer, reduction.communicatorOp(), root, stream);
                  },
                  [tensor, reduction, work, size, isRoot]() {
                    // Only the root's tensor receives the result; the others keep their input.
@@ -163,25 +163,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
   const at::Tensor output = outputTensor;
   const int size = getSize();
   auto work = std::make_shared<at::Tensor>();
-  return submit({op,
-                 c10d::OpType::_REDUCE_SCATTER_BASE,
-                 input,
-                 {input},
-                 {output},
-                 opts.asyncOp,
-                 opts.timeout},
-                path,
-                {[input, output, reduction, work](Communicator& comm, c10::Stream stream) {
-                   const at::Tensor in =
-                       lowering::premultiplied(lowering::contiguous(input), reduction);
-                   *work = lowering::contiguous(output);
-                   comm.reduceScatter(lowering::reductionBuffer(in),
-                                      lowering::reductionBuffer(*work), reduction.kind, stream);
-                 },
-                 [output, reduction, work, size]() {
-                   lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
-                   lowering::copyBack(output, *work);
-                 }});
+  return submit(
+      {op,
+       c10d::OpType::_REDUCE_SCATTER_BASE,
+       input,
+       {input},
+       {output},
+       opts.asyncOp,
+       opts.timeout},
+      path,
+      {[input, output, reduction, work](Communicator& comm, c10::Stream stream) {
+         const at::Tensor in = lowering::premultiplied(lowering::contiguous(input), reduction);
+         *work = lowering::contiguous(output);
+         comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(*work),
+                            reduction.communicatorOp(), stream);
+       },
+       [output, reduction, work, size]() {
+         lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
+         lowering::copyBack(output, *work);
+       }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
@@ -207,7 +207,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
          const at::Tensor in = lowering::premultiplied(at::cat(flat), reduction);
          *work = lowering::contiguous(output);
          comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(*work),
-                            reduction.kind, stream);
+                            reduction.communicatorOp(), stream);
        },
        [output, reduction, work, size]() {
          lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);

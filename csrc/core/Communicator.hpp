@@ -14,9 +14,20 @@
 
 namespace streamnccl {
 
-enum class ReduceKind { Sum, Avg, Product, Min, Max, BitAnd, BitOr, BitXor };
+enum class ReduceKind { Sum, Avg, Product, Min, Max, BitAnd, BitOr, BitXor, PreMulSum };
 
 std::string toString(ReduceKind kind);
+
+// A reduction as the communicator applies it. PreMulSum multiplies each rank's input by
+// `factor` before summing: a 0-dim tensor of the buffer's dtype, on the buffer's device or,
+// for a scalar known at the call, on the CPU.
+struct ReduceOp {
+  ReduceOp(ReduceKind kind) : kind(kind) {}  // NOLINT(google-explicit-constructor)
+  ReduceOp(ReduceKind kind, at::Tensor factor) : kind(kind), factor(std::move(factor)) {}
+
+  ReduceKind kind;
+  at::Tensor factor;
+};
 
 class Communicator {
  public:
@@ -25,8 +36,11 @@ class Communicator {
   // Whether allReduce can take ReduceKind::Avg for this dtype. Where it cannot, the core
   // lowers AVG to a sum followed by a division on the same stream.
   virtual bool supportsAvg(at::ScalarType dtype) const = 0;
+  // Whether reductions can take ReduceKind::PreMulSum for this dtype. Where they cannot, the
+  // core multiplies first, then sums.
+  virtual bool supportsPreMulSum(at::ScalarType dtype) const = 0;
 
-  virtual void allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+  virtual void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                          c10::Stream stream) = 0;
   // `input` is read on `root` only; `output` is written on every rank.
   virtual void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
@@ -34,10 +48,10 @@ class Communicator {
   // `output` holds size() * input.numel() elements, rank r's input at offset r * count.
   virtual void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) = 0;
   // `output` is written on `root` only.
-  virtual void reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op, int root,
-                      c10::Stream stream) = 0;
+  virtual void reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
+                      int root, c10::Stream stream) = 0;
   // `input` holds size() * output.numel() elements; rank r receives the reduction of chunk r.
-  virtual void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+  virtual void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                              c10::Stream stream) = 0;
   virtual void send(const at::Tensor& input, int peer, c10::Stream stream) = 0;
   virtual void recv(const at::Tensor& output, int peer, c10::Stream stream) = 0;

@@ -24,6 +24,8 @@ std::string toString(ReduceKind kind) {
       return "BOR";
     case ReduceKind::BitXor:
       return "BXOR";
+    case ReduceKind::PreMulSum:
+      return "PREMUL_SUM";
   }
   return "unknown";
 }
@@ -69,7 +71,9 @@ at::Tensor premulFactor(const char* op, const c10d::ReduceOp& reduceOp, const at
                          factor.device(), " but the tensor is on ", tensor.device());
     return factor.to(tensor.scalar_type()).reshape({});
   }
-  return at::scalar_tensor(supplement->double_factor, tensor.options());
+  // A scalar stays on the host: NCCL reads it at the call, and ATen multiplies by it anywhere.
+  return at::scalar_tensor(supplement->double_factor,
+                           at::TensorOptions().dtype(tensor.scalar_type()));
 }
 
 }  // namespace
@@ -121,8 +125,14 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
       STREAMNCCL_CHECK_TYPE(at::isFloatingType(dtype) || at::isComplexType(dtype), op,
                             "reduce op PREMUL_SUM needs a floating-point or complex dtype, got ",
                             dtype);
-      lowered.kind = ReduceKind::Sum;
-      lowered.premultiply = premulFactor(op, reduceOp, tensor);
+      // A complex buffer is reduced as its real view, which a complex factor cannot scale.
+      if (communicator.supportsPreMulSum(dtype) && !at::isComplexType(dtype)) {
+        lowered.kind = ReduceKind::PreMulSum;
+        lowered.factor = premulFactor(op, reduceOp, tensor);
+      } else {
+        lowered.kind = ReduceKind::Sum;
+        lowered.premultiply = premulFactor(op, reduceOp, tensor);
+      }
       break;
     default:
       STREAMNCCL_CHECK_ARG(false, op, "unknown reduce op ", name);

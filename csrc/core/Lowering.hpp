@@ -15,14 +15,17 @@ namespace streamnccl::lowering {
 // How a c10d reduce op runs on a communicator.
 struct Reduction {
   ReduceKind kind = ReduceKind::Sum;      // what the communicator is asked for
+  at::Tensor factor;                      // with kind PreMulSum: the communicator's factor
   bool divideBySize = false;              // AVG as SUM, then a division
   std::optional<at::Tensor> premultiply;  // PREMUL_SUM as a product, then SUM
+
+  ReduceOp communicatorOp() const { return {kind, factor}; }
 };
 
 // Validates `reduceOp` for `dtype` on `communicator` (raising at the call, naming `op`) and
 // lowers it: AVG to SUM and a division where the communicator cannot average; PREMUL_SUM to
-// a product and SUM; bool SUM/PRODUCT to MAX/MIN (logical or/and); complex only for ops that
-// act on real and imaginary parts alone.
+// a product and SUM where it has no PreMulSum (or the dtype is complex); bool SUM/PRODUCT to
+// MAX/MIN (logical or/and); complex only for ops that act on real and imaginary parts alone.
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
                     const Communicator& communicator);
 

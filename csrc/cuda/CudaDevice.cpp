@@ -1,10 +1,6 @@
 #include "cuda/CudaDevice.hpp"
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-
 #include <algorithm>
-
 #include <thread>
 
 namespace streamnccl {
@@ -12,29 +8,15 @@ namespace {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(std::shared_ptr<CudaEventPool> pool, c10::Device device)
-      : pool_(std::move(pool)), device_(device), event_(pool_->take()) {}
+  CudaEvent(std::shared_ptr<CudaApi> cuda, std::shared_ptr<CudaEventPool> pool)
+      : cuda_(std::move(cuda)), pool_(std::move(pool)), event_(pool_->take()) {}
   ~CudaEvent() override { pool_->give(event_); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
 
-  void record(c10::Stream stream) override {
-    c10::cuda::CUDAGuard guard(device_);
-    C10_CUDA_CHECK(cudaEventRecord(event_, c10::cuda::CUDAStream(stream).stream()));
-  }
-  void block(c10::Stream stream) override {
-    c10::cuda::CUDAGuard guard(device_);
-    C10_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::CUDAStream(stream).stream(), event_, 0));
-  }
-  bool query() override {
-    const cudaError_t status = cudaEventQuery(event_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: clear it so that later checks do not see it
-      return false;
-    }
-    C10_CUDA_CHECK(status);
-    return true;
-  }
+  void record(c10::Stream stream) override { cuda_->recordEvent(event_, stream); }
+  void block(c10::Stream stream) override { cuda_->streamWaitEvent(stream, event_); }
+  bool query() override { return cuda_->queryEvent(event_); }
 
   bool synchronize(std::chrono::milliseconds timeout) override {
     // Polled rather than cudaEventSynchronize, which cannot time out.
@@ -51,19 +33,33 @@ class CudaEvent final : public Event {
   }
 
  private:
+  const std::shared_ptr<CudaApi> cuda_;
   const std::shared_ptr<CudaEventPool> pool_;
-  const c10::Device device_;
   const cudaEvent_t event_;
+};
+
+// Makes a stream current for a scope, as c10's CUDAStreamGuard, through the CudaApi.
+class CurrentStreamGuard {
+ public:
+  CurrentStreamGuard(CudaApi& cuda, c10::Stream stream)
+      : cuda_(cuda), previous_(cuda.exchangeCurrentStream(stream)) {}
+  ~CurrentStreamGuard() { cuda_.exchangeCurrentStream(previous_); }
+  CurrentStreamGuard(const CurrentStreamGuard&) = delete;
+  CurrentStreamGuard& operator=(const CurrentStreamGuard&) = delete;
+
+ private:
+  CudaApi& cuda_;
+  const c10::Stream previous_;
 };
 
 }  // namespace
 
-CudaEventPool::CudaEventPool(c10::Device device) : device_(device) {}
+CudaEventPool::CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device)
+    : cuda_(std::move(cuda)), device_(device) {}
 
 CudaEventPool::~CudaEventPool() {
-  c10::cuda::CUDAGuard guard(device_);
   for (cudaEvent_t event : free_) {
-    C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
+    cuda_->destroyEvent(device_, event);
   }
 }
 
@@ -76,11 +72,7 @@ cudaEvent_t CudaEventPool::take() {
       return event;
     }
   }
-  c10::cuda::CUDAGuard guard(device_);
-  cudaEvent_t event = nullptr;
-  // Timing off: a timing event costs more to record and is not needed to order streams.
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  return event;
+  return cuda_->createEvent(device_);
 }
 
 // An event may go back still pending: a stream that waits on it has already captured that
@@ -91,27 +83,24 @@ void CudaEventPool::give(cudaEvent_t event) {
   free_.push_back(event);
 }
 
-CudaDevice::CudaDevice(c10::Device device, bool highPriority)
-    : device_(device),
+CudaDevice::CudaDevice(std::shared_ptr<CudaApi> cuda, c10::Device device, bool highPriority)
+    : cuda_(std::move(cuda)),
+      device_(device),
       highPriority_(highPriority),
-      events_(std::make_shared<CudaEventPool>(device)) {}
-
-c10::Stream CudaDevice::currentStream() {
-  return c10::cuda::getCurrentCUDAStream(device_.index()).unwrap();
-}
+      events_(std::make_shared<CudaEventPool>(cuda_, device)) {}
 
 c10::Stream CudaDevice::internalStream() {
   std::call_once(internalCreated_,
-                 [&] { internal_ = c10::cuda::getStreamFromPool(highPriority_, device_.index()); });
-  return internal_->unwrap();
+                 [&] { internal_ = cuda_->streamFromPool(device_, highPriority_); });
+  return *internal_;
 }
 
 std::unique_ptr<Event> CudaDevice::createEvent() {
-  return std::make_unique<CudaEvent>(events_, device_);
+  return std::make_unique<CudaEvent>(cuda_, events_);
 }
 
 void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
-  c10::cuda::CUDAStreamGuard guard(c10::cuda::CUDAStream(stream));
+  CurrentStreamGuard guard(*cuda_, stream);
   task();
 }
 

@@ -1,8 +1,7 @@
 #pragma once
 
 #include "core/Device.hpp"
-
-#include <c10/cuda/CUDAStream.h>
+#include "cuda/CudaApi.hpp"
 
 #include <memory>
 #include <mutex>
@@ -16,7 +15,7 @@ namespace streamnccl {
 // done with it); the pool outlives every Event that holds it.
 class CudaEventPool {
  public:
-  explicit CudaEventPool(c10::Device device);
+  CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device);
   ~CudaEventPool();
   CudaEventPool(const CudaEventPool&) = delete;
   CudaEventPool& operator=(const CudaEventPool&) = delete;
@@ -25,6 +24,7 @@ class CudaEventPool {
   void give(cudaEvent_t event);
 
  private:
+  const std::shared_ptr<CudaApi> cuda_;
   const c10::Device device_;
   std::mutex mutex_;
   std::vector<cudaEvent_t> free_;
@@ -34,10 +34,10 @@ class CudaEventPool {
 // group and device (from c10's pool, made on first async op), and pooled CUDA events.
 class CudaDevice final : public Device {
  public:
-  CudaDevice(c10::Device device, bool highPriority);
+  CudaDevice(std::shared_ptr<CudaApi> cuda, c10::Device device, bool highPriority);
 
   c10::Device device() const override { return device_; }
-  c10::Stream currentStream() override;
+  c10::Stream currentStream() override { return cuda_->currentStream(device_); }
   c10::Stream internalStream() override;
   std::unique_ptr<Event> createEvent() override;
   // Runs the task now, with `stream` current on this device, so that the NCCL calls and ATen
@@ -45,10 +45,11 @@ class CudaDevice final : public Device {
   void enqueue(c10::Stream stream, std::function<void()> task) override;
 
  private:
+  const std::shared_ptr<CudaApi> cuda_;
   const c10::Device device_;
   const bool highPriority_;
   std::once_flag internalCreated_;
-  std::optional<c10::cuda::CUDAStream> internal_;
+  std::optional<c10::Stream> internal_;
   const std::shared_ptr<CudaEventPool> events_;
 };
 

@@ -2,6 +2,8 @@
 
 #include "core/Options.hpp"
 #include "core/Path.hpp"
+#include "cuda/CudaApi.hpp"
+#include "cuda/NcclApi.hpp"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -17,12 +19,16 @@ namespace streamnccl {
 // two ranks progress independently.
 class CudaPathFactory final : public PathFactory {
  public:
-  CudaPathFactory(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+  // `nccl` and `cuda`: NcclApi::library() and CudaApi::runtime(), or the recording fakes.
+  CudaPathFactory(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
+                  c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                   c10::intrusive_ptr<Options> options);
   std::unique_ptr<Path> open(const c10::Device& device) override;
   PeerLanes openPeer(const c10::Device& device, int peer) override;
 
  private:
+  const std::shared_ptr<NcclApi> nccl_;
+  const std::shared_ptr<CudaApi> cuda_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
   const int size_;

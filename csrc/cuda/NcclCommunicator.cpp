@@ -3,7 +3,6 @@
 #include "cuda/NcclErrors.hpp"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Logging.h>
 
 #include <algorithm>
@@ -11,8 +10,6 @@
 
 namespace streamnccl {
 namespace {
-
-cudaStream_t cudaStreamOf(c10::Stream stream) { return c10::cuda::CUDAStream(stream).stream(); }
 
 ncclDataType_t ncclType(at::ScalarType dtype) {
   switch (dtype) {
@@ -67,6 +64,7 @@ ncclRedOp_t ncclOp(ReduceKind kind) {
     case ReduceKind::BitAnd:
     case ReduceKind::BitOr:
     case ReduceKind::BitXor:
+    case ReduceKind::PreMulSum:  // made per call, see ScopedRedOp
       break;
   }
   TORCH_CHECK_VALUE(false, "streamnccl: reduce op ", toString(kind),
@@ -75,14 +73,56 @@ ncclRedOp_t ncclOp(ReduceKind kind) {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(c10d::Store& store, int groupRank, int groupSize,
+// The ncclRedOp_t of one call: a built-in op, or a PreMulSum op made for the call and
+// destroyed once it is enqueued (NCCL allows that: the enqueued call keeps what it needs).
+class NcclCommunicator::ScopedRedOp {
+ public:
+  ScopedRedOp(NcclCommunicator& communicator, const ReduceOp& op, ncclDataType_t type)
+      : communicator_(communicator) {
+    if (op.kind != ReduceKind::PreMulSum) {
+      op_ = ncclOp(op.kind);
+      return;
+    }
+    // A factor on the host is read now; one on the device when the reduction runs.
+    const auto residence = op.factor.is_cpu() ? ncclScalarHostImmediate : ncclScalarDevice;
+    STREAMNCCL_NCCL_CHECK(
+        *communicator.nccl_, "ncclRedOpCreatePreMulSum",
+        redOpCreatePreMulSum(&op_, op.factor.data_ptr(), type, residence, communicator.comm_),
+        communicator.who_, communicator.comm_);
+    created_ = true;
+  }
+  ~ScopedRedOp() {
+    if (created_) {
+      const ncclResult_t result = communicator_.nccl_->redOpDestroy(op_, communicator_.comm_);
+      if (result != ncclSuccess) {
+        LOG(WARNING) << communicator_.who_
+                     << " ncclRedOpDestroy failed: " << communicator_.nccl_->getErrorString(result);
+      }
+    }
+  }
+  ScopedRedOp(const ScopedRedOp&) = delete;
+  ScopedRedOp& operator=(const ScopedRedOp&) = delete;
+
+  ncclRedOp_t get() const { return op_; }
+
+ private:
+  NcclCommunicator& communicator_;
+  ncclRedOp_t op_ = ncclSum;
+  bool created_ = false;
+};
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
+                                   c10d::Store& store, int groupRank, int groupSize,
                                    c10::Device device, NcclMembership membership)
-    : who_(std::move(membership.who)), members_(std::move(membership.members)) {
+    : nccl_(std::move(nccl)),
+      cuda_(std::move(cuda)),
+      who_(std::move(membership.who)),
+      members_(std::move(membership.members)) {
   const int size = members_.empty() ? groupSize : static_cast<int>(members_.size());
   const int rank = commRank(groupRank);
   ncclUniqueId id;
   if (rank == 0) {
-    STREAMNCCL_NCCL_CHECK(ncclGetUniqueId(&id), who_, nullptr);
+    STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGetUniqueId", getUniqueId(&id), who_, nullptr);
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store.set(membership.idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
@@ -90,8 +130,17 @@ NcclCommunicator::NcclCommunicator(c10d::Store& store, int groupRank, int groupS
     TORCH_INTERNAL_ASSERT(bytes.size() == sizeof(id), "streamnccl: malformed NCCL unique id");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
-  c10::cuda::CUDAGuard guard(device);
-  STREAMNCCL_NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank), who_, nullptr);
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclCommInitRank", commInitRank(&comm_, size, id, rank, device),
+                        who_, nullptr);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr) {
+    const ncclResult_t result = nccl_->commDestroy(comm_);
+    if (result != ncclSuccess) {
+      LOG(WARNING) << who_ << " ncclCommDestroy failed: " << nccl_->getErrorString(result);
+    }
+  }
 }
 
 int NcclCommunicator::commRank(int groupRank) const {
@@ -104,79 +153,91 @@ int NcclCommunicator::commRank(int groupRank) const {
   return static_cast<int>(found - members_.begin());
 }
 
-NcclCommunicator::~NcclCommunicator() {
-  if (comm_ != nullptr) {
-    const ncclResult_t result = ncclCommDestroy(comm_);
-    if (result != ncclSuccess) {
-      LOG(WARNING) << who_ << " ncclCommDestroy failed: " << ncclGetErrorString(result);
-    }
-  }
-}
-
 bool NcclCommunicator::supportsAvg(at::ScalarType dtype) const {
   return NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0) && at::isFloatingType(dtype);
 }
 
-void NcclCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
-                                 c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(
-      ncclAllReduce(input.data_ptr(), output.data_ptr(), input.numel(),
-                    ncclType(input.scalar_type()), ncclOp(op), comm_, cudaStreamOf(stream)),
-      who_, comm_);
+bool NcclCommunicator::supportsPreMulSum(at::ScalarType dtype) const {
+  return NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0) && at::isFloatingType(dtype) &&
+         !at::isFloat8Type(dtype);
+}
+
+void NcclCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
+                                 const ReduceOp& op, c10::Stream stream) {
+  const ncclDataType_t type = ncclType(input.scalar_type());
+  ScopedRedOp redOp(*this, op, type);
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclAllReduce",
+                        allReduce(input.data_ptr(), output.data_ptr(), input.numel(), type,
+                                  redOp.get(), comm_, cuda_->native(stream)),
+                        who_, comm_);
 }
 
 void NcclCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream stream) {
   STREAMNCCL_NCCL_CHECK(
-      ncclBroadcast(input.data_ptr(), output.data_ptr(), output.numel(),
-                    ncclType(output.scalar_type()), commRank(root), comm_, cudaStreamOf(stream)),
+      *nccl_, "ncclBroadcast",
+      broadcast(input.data_ptr(), output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
+                commRank(root), comm_, cuda_->native(stream)),
       who_, comm_);
 }
 
 void NcclCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
                                  c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
-                                      ncclType(input.scalar_type()), comm_, cudaStreamOf(stream)),
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclAllGather",
+                        allGather(input.data_ptr(), output.data_ptr(), input.numel(),
+                                  ncclType(input.scalar_type()), comm_, cuda_->native(stream)),
                         who_, comm_);
 }
 
-void NcclCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+void NcclCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                               int root, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(
-      ncclReduce(input.data_ptr(), output.data_ptr(), input.numel(), ncclType(input.scalar_type()),
-                 ncclOp(op), commRank(root), comm_, cudaStreamOf(stream)),
-      who_, comm_);
+  const ncclDataType_t type = ncclType(input.scalar_type());
+  ScopedRedOp redOp(*this, op, type);
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclReduce",
+                        reduce(input.data_ptr(), output.data_ptr(), input.numel(), type,
+                               redOp.get(), commRank(root), comm_, cuda_->native(stream)),
+                        who_, comm_);
 }
 
 void NcclCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
-                                     ReduceKind op, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(
-      ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                        ncclType(input.scalar_type()), ncclOp(op), comm_, cudaStreamOf(stream)),
-      who_, comm_);
+                                     const ReduceOp& op, c10::Stream stream) {
+  const ncclDataType_t type = ncclType(input.scalar_type());
+  ScopedRedOp redOp(*this, op, type);
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclReduceScatter",
+                        reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
+                                      redOp.get(), comm_, cuda_->native(stream)),
+                        who_, comm_);
 }
 
 void NcclCommunicator::send(const at::Tensor& input, int peer, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(ncclSend(input.data_ptr(), input.numel(), ncclType(input.scalar_type()),
-                                 commRank(peer), comm_, cudaStreamOf(stream)),
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclSend",
+                        send(input.data_ptr(), input.numel(), ncclType(input.scalar_type()),
+                             commRank(peer), comm_, cuda_->native(stream)),
                         who_, comm_);
 }
 
 void NcclCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(ncclRecv(output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
-                                 commRank(peer), comm_, cudaStreamOf(stream)),
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclRecv",
+                        recv(output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
+                             commRank(peer), comm_, cuda_->native(stream)),
                         who_, comm_);
 }
 
-void NcclCommunicator::groupStart() { STREAMNCCL_NCCL_CHECK(ncclGroupStart(), who_, comm_); }
+void NcclCommunicator::groupStart() {
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupStart", groupStart(), who_, comm_);
+}
 
-void NcclCommunicator::groupEnd() { STREAMNCCL_NCCL_CHECK(ncclGroupEnd(), who_, comm_); }
+void NcclCommunicator::groupEnd() {
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupEnd", groupEnd(), who_, comm_);
+}
 
 int ncclCompiledVersion() { return NCCL_VERSION_CODE; }
 
 int ncclLoadedVersion() {
   int version = 0;
-  STREAMNCCL_NCCL_CHECK(ncclGetVersion(&version), std::string("[streamnccl]"), nullptr);
+  auto nccl = NcclApi::library();
+  STREAMNCCL_NCCL_CHECK(*nccl, "ncclGetVersion", getVersion(&version), std::string("[streamnccl]"),
+                        nullptr);
   return version;
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 
 #include "core/Communicator.hpp"
+#include "cuda/CudaApi.hpp"
+#include "cuda/NcclApi.hpp"
 
 #include <c10/core/Device.h>
-#include <nccl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <string>
@@ -22,27 +23,28 @@ struct NcclMembership {
 };
 
 // The Communicator of the NCCL path: one ncclComm_t, a 1:1 mapping of the interface onto
-// NCCL calls on the given stream. Roots and peers are group ranks, translated to the
-// communicator's own ranks when it spans only some of the group.
+// NCCL calls (through NcclApi) on the given stream. Roots and peers are group ranks, translated to
+// the communicator's own ranks when it spans only some of the group.
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over the members: each calls it with the same `idKey`. The first member makes
   // the unique id and publishes it through `store`.
-  NcclCommunicator(c10d::Store& store, int groupRank, int groupSize, c10::Device device,
-                   NcclMembership membership);
+  NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda, c10d::Store& store,
+                   int groupRank, int groupSize, c10::Device device, NcclMembership membership);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   bool supportsAvg(at::ScalarType dtype) const override;
-  void allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+  bool supportsPreMulSum(at::ScalarType dtype) const override;
+  void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                  c10::Stream stream) override;
   void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                  c10::Stream stream) override;
   void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) override;
-  void reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op, int root,
+  void reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op, int root,
               c10::Stream stream) override;
-  void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+  void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
   void send(const at::Tensor& input, int peer, c10::Stream stream) override;
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
@@ -50,8 +52,11 @@ class NcclCommunicator final : public Communicator {
   void groupEnd() override;
 
  private:
+  class ScopedRedOp;
   int commRank(int groupRank) const;
 
+  const std::shared_ptr<NcclApi> nccl_;
+  const std::shared_ptr<CudaApi> cuda_;
   const std::string who_;
   const std::vector<int> members_;
   ncclComm_t comm_ = nullptr;

@@ -23,9 +23,11 @@ c10d::ReduceOp toGloo(ReduceKind kind) {
     case ReduceKind::BitXor:
       return c10d::ReduceOp::BXOR;
     case ReduceKind::Avg:
+    case ReduceKind::PreMulSum:
       break;
   }
-  TORCH_INTERNAL_ASSERT(false, "streamnccl: the core lowers AVG before the host communicator");
+  TORCH_INTERNAL_ASSERT(false, "streamnccl: the core lowers ", toString(kind),
+                        " before the host communicator");
 }
 
 // The buffer itself when the op may write into it, else `output` with the input copied in.
@@ -41,11 +43,11 @@ const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
 HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag)
     : gloo_(std::move(gloo)), tag_(tag) {}
 
-void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
-                                 c10::Stream /*stream: the calling thread*/) {
+void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
+                                 const ReduceOp& op, c10::Stream /*stream: the calling thread*/) {
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = toGloo(op);
+  opts.reduceOp = toGloo(op.kind);
   complete(gloo_->allreduce(tensors, opts));
 }
 
@@ -65,23 +67,23 @@ void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& outp
   complete(gloo_->_allgather_base(out, in));
 }
 
-void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                               int root, c10::Stream /*stream*/) {
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
                                                            : input.clone()};
   c10d::ReduceOptions opts;
-  opts.reduceOp = toGloo(op);
+  opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
   complete(gloo_->reduce(tensors, opts));
 }
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
-                                     ReduceKind op, c10::Stream /*stream*/) {
+                                     const ReduceOp& op, c10::Stream /*stream*/) {
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
   c10d::ReduceScatterOptions opts;
-  opts.reduceOp = toGloo(op);
+  opts.reduceOp = toGloo(op.kind);
   complete(gloo_->_reduce_scatter_base(out, in, opts));
 }
 

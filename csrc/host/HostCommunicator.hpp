@@ -17,15 +17,16 @@ class HostCommunicator final : public Communicator {
   // match a message with a recv posted by another stream.
   HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag);
 
-  bool supportsAvg(at::ScalarType) const override { return false; }  // Gloo has no AVG
-  void allReduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+  bool supportsAvg(at::ScalarType) const override { return false; }        // Gloo has no AVG
+  bool supportsPreMulSum(at::ScalarType) const override { return false; }  // nor PREMUL_SUM
+  void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                  c10::Stream stream) override;
   void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                  c10::Stream stream) override;
   void allGather(const at::Tensor& input, const at::Tensor& output, c10::Stream stream) override;
-  void reduce(const at::Tensor& input, const at::Tensor& output, ReduceKind op, int root,
+  void reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op, int root,
               c10::Stream stream) override;
-  void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceKind op,
+  void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
   void send(const at::Tensor& input, int peer, c10::Stream stream) override;
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;

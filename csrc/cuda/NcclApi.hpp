@@ -1,0 +1,54 @@
+#pragma once
+
+// Every NCCL function the NCCL path calls, as one virtual each with NCCL's own parameters, so
+// that the recording fake (csrc/fake/) can stand in for the library where there is no GPU.
+// library() is the real NCCL: each function forwards to its namesake and nothing else.
+
+#include <c10/core/Device.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+
+namespace streamnccl {
+
+class NcclApi {
+ public:
+  virtual ~NcclApi() = default;
+  static std::shared_ptr<NcclApi> library();
+
+  virtual ncclResult_t getVersion(int* version) = 0;
+  virtual ncclResult_t getUniqueId(ncclUniqueId* id) = 0;
+  // With `device` current, as NCCL requires.
+  virtual ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                    c10::Device device) = 0;
+  virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
+  virtual const char* getErrorString(ncclResult_t result) = 0;
+  virtual const char* getLastError(ncclComm_t comm) = 0;
+
+  virtual ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                 cudaStream_t stream) = 0;
+  virtual ncclResult_t broadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t datatype, int root, ncclComm_t comm,
+                                 cudaStream_t stream) = 0;
+  virtual ncclResult_t reduce(const void* sendbuff, void* recvbuff, size_t count,
+                              ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                              cudaStream_t stream) = 0;
+  virtual ncclResult_t allGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                     cudaStream_t stream) = 0;
+  virtual ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t recv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t groupStart() = 0;
+  virtual ncclResult_t groupEnd() = 0;
+  virtual ncclResult_t redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                            ncclScalarResidence_t residence, ncclComm_t comm) = 0;
+  virtual ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) = 0;
+};
+
+}  // namespace streamnccl

@@ -1,0 +1,72 @@
+// NcclApi::library(): the real NCCL, one call per function.
+
+#include "cuda/NcclApi.hpp"
+
+#include <c10/cuda/CUDAGuard.h>
+
+namespace streamnccl {
+namespace {
+
+class NcclLibrary final : public NcclApi {
+ public:
+  ncclResult_t getVersion(int* version) override { return ncclGetVersion(version); }
+  ncclResult_t getUniqueId(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
+  ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                            c10::Device device) override {
+    c10::cuda::CUDAGuard guard(device);
+    return ncclCommInitRank(comm, nranks, id, rank);
+  }
+  ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
+  const char* getErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
+  const char* getLastError(ncclComm_t comm) override { return ncclGetLastError(comm); }
+
+  ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count,
+                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                         cudaStream_t stream) override {
+    return ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  }
+  ncclResult_t broadcast(const void* sendbuff, void* recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm,
+                         cudaStream_t stream) override {
+    return ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream);
+  }
+  ncclResult_t reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                      ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) override {
+    return ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+  }
+  ncclResult_t allGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) override {
+    return ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+  }
+  ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                             cudaStream_t stream) override {
+    return ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+  }
+  ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                    ncclComm_t comm, cudaStream_t stream) override {
+    return ncclSend(sendbuff, count, datatype, peer, comm, stream);
+  }
+  ncclResult_t recv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                    ncclComm_t comm, cudaStream_t stream) override {
+    return ncclRecv(recvbuff, count, datatype, peer, comm, stream);
+  }
+  ncclResult_t groupStart() override { return ncclGroupStart(); }
+  ncclResult_t groupEnd() override { return ncclGroupEnd(); }
+  ncclResult_t redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                    ncclScalarResidence_t residence, ncclComm_t comm) override {
+    return ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm);
+  }
+  ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) override {
+    return ncclRedOpDestroy(op, comm);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<NcclApi> NcclApi::library() {
+  static const auto library = std::make_shared<NcclLibrary>();
+  return library;
+}
+
+}  // namespace streamnccl
