@@ -68,7 +68,7 @@ def make_extension():
     common["include_dirs"].append(str(include))
     common["define_macros"].append(("STREAMNCCL_WITH_NCCL", "1"))
     return cpp_extension.CUDAExtension(
-        sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/sim", "csrc/cuda"),
+        sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/sim", "csrc/cuda", "csrc/fake"),
         library_dirs=[str(lib)],
         # The pip wheel ships only the versioned soname.
         extra_link_args=["-l:libnccl.so.2", f"-Wl,-rpath,{lib}"],

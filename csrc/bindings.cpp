@@ -9,6 +9,7 @@
 #ifdef STREAMNCCL_WITH_NCCL
 #include "cuda/CudaPath.hpp"
 #include "cuda/NcclCommunicator.hpp"
+#include "fake/Recording.hpp"
 
 #include <cuda_runtime_api.h>
 #endif
@@ -126,6 +127,34 @@ void bindSimulation(py::module_& m) {
       .def_property_readonly("reuses", [](SimController& self) { return self.memory().reuses(); });
 }
 
+#ifdef STREAMNCCL_WITH_NCCL
+// Test-only: a group whose CUDA path runs on the recording fakes of NCCL and CUDA
+// (csrc/fake/). Its CPU tensors take the CUDA path, whose calls are written to the log.
+void bindRecording(py::module_& m) {
+  py::class_<fake::CallLog, std::shared_ptr<fake::CallLog>>(m, "_CallLog")
+      .def("calls", &fake::CallLog::calls)
+      .def("clear", &fake::CallLog::clear);
+  m.def(
+      "_recording_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         std::chrono::milliseconds timeout, bool highPriorityStreams) {
+        auto log = std::make_shared<fake::CallLog>();
+        auto options = c10::make_intrusive<Options>();
+        options->timeout = timeout;
+        options->highPriorityStreams = highPriorityStreams;
+        ProcessGroup::PathFactories factories;
+        factories.emplace(
+            c10::kCPU, std::make_unique<CudaPathFactory>(std::make_shared<fake::RecordingNccl>(log),
+                                                         std::make_shared<fake::RecordingCuda>(log),
+                                                         store, rank, size, options));
+        auto group = c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
+        return std::make_pair(NoGilDestructor<ProcessGroup>(group), log);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("high_priority_streams") = false);
+}
+#endif
+
 }  // namespace
 }  // namespace streamnccl
 
@@ -158,4 +187,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
   bindSimulation(m);
+#ifdef STREAMNCCL_WITH_NCCL
+  bindRecording(m);
+#endif
 }

@@ -46,12 +46,12 @@ PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op)
 namespace {
 
 // Runs a factory's opening of `device`: a reason the device cannot be used becomes a bad
-// argument of `op`, while a communication fault while connecting (NCCL init) stays one.
+// argument of `op`, while a fault while connecting (NCCL init, a Store timeout) stays one.
 template <typename Open>
 auto openOrRefuse(const char* op, const c10::Device& device, Open open) -> decltype(open()) {
   try {
     return open();
-  } catch (const c10::DistBackendError&) {
+  } catch (const c10::DistError&) {
     throw;
   } catch (const c10::Error& e) {
     STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());

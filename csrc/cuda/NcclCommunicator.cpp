@@ -120,8 +120,12 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       members_(std::move(membership.members)) {
   const int size = members_.empty() ? groupSize : static_cast<int>(members_.size());
   const int rank = commRank(groupRank);
+  // The member of lowest group rank makes the id, so rank 0 never waits for one.
+  const bool makesId = members_.empty()
+                           ? groupRank == 0
+                           : groupRank == *std::min_element(members_.begin(), members_.end());
   ncclUniqueId id;
-  if (rank == 0) {
+  if (makesId) {
     STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGetUniqueId", getUniqueId(&id), who_, nullptr);
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store.set(membership.idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));

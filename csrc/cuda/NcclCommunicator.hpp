@@ -27,8 +27,8 @@ struct NcclMembership {
 // the communicator's own ranks when it spans only some of the group.
 class NcclCommunicator final : public Communicator {
  public:
-  // Collective over the members: each calls it with the same `idKey`. The first member makes
-  // the unique id and publishes it through `store`.
+  // Collective over the members: each calls it with the same `idKey`. The member of lowest
+  // group rank makes the unique id and publishes it through `store`.
   NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda, c10d::Store& store,
                    int groupRank, int groupSize, c10::Device device, NcclMembership membership);
   ~NcclCommunicator() override;

@@ -1,0 +1,468 @@
+"""The exact CUDA and NCCL calls of the NCCL path, checked without a GPU.
+
+A group built on recording fakes of NcclApi and CudaApi (csrc/fake/) sends its CPU tensors
+down the real NCCL path: the same core, CudaDevice and NcclCommunicator, with every nccl* and
+stream/event call written to a log instead of run. Names are given in order of creation:
+streams S0 (the caller's current) and S1.. (from the pool), events E1.., communicators C0..,
+PreMulSum ops R0.. Everything runs as rank 0 of 3 in this process; roots and peers other than
+0 show the other ranks' side.
+"""
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from streamnccl import _C
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(_C, "_recording_process_group"),
+    reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
+)
+
+SIZE = 3
+CPU = torch.device("cpu")  # the recorded group's "cuda" tensors
+INIT = ["ncclGetUniqueId()", "ncclCommInitRank(nranks=3, rank=0) -> C0"]
+
+
+def recorded_group(high_priority_streams=False):
+    return _C._recording_process_group(
+        dist.HashStore(), 0, SIZE, timedelta(seconds=10), high_priority_streams
+    )
+
+
+def options(kind, async_op=True, **fields):
+    opts = kind()
+    opts.asyncOp = async_op
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def run(pg, log, call):
+    """The calls `call` makes, including its Work's wait(), as torch.distributed waits."""
+    log.clear()
+    work = call(pg)
+    if work is not None:
+        work.wait()
+    return log.calls()
+
+
+def test_async_all_reduce_follows_the_stream_contract():
+    pg, log = recorded_group()
+    x = torch.ones(4)
+    assert run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions))) == [
+        *INIT,
+        "getStreamFromPool(highPriority=0) -> S1",  # the internal stream, made on first use
+        "cudaEventCreate() -> E1",
+        "cudaEventRecord(E1, S0)",  # ready: after the caller's work so far
+        "cudaStreamWaitEvent(S1, E1)",  # the internal stream waits for it; the host does not
+        "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S1)",
+        "cudaEventCreate() -> E2",
+        "cudaEventRecord(E2, S1)",  # end, kept by the Work
+        "cudaStreamWaitEvent(S0, E2)",  # wait(): the caller's stream waits for end
+    ]
+
+
+def test_sync_op_is_one_call_on_the_callers_stream():
+    pg, log = recorded_group()
+    x = torch.ones(4)
+    calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions, False)))
+    assert calls == [*INIT, "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S0)"]
+
+
+def test_events_are_pooled_and_the_internal_stream_made_once():
+    pg, log = recorded_group()
+    x = torch.ones(4)
+    # The group lets go of a finished Work at the next async launch, after that launch has
+    # taken its events: the pool fills over the first two ops, then serves every later one.
+    made = []
+    for _ in range(6):
+        calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
+        made.append(sum(c.startswith(("cudaEventCreate", "getStreamFromPool")) for c in calls))
+        assert [c for c in calls if c.startswith("ncclAllReduce")] == [
+            "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S1)"
+        ]
+    assert made == [3, 1, 0, 0, 0, 0]
+
+
+def test_high_priority_internal_streams_on_request():
+    pg, log = recorded_group(high_priority_streams=True)
+    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(1)], options(AllreduceOptions)))
+    assert "getStreamFromPool(highPriority=1) -> S1" in calls
+
+
+def premul(factor):
+    return dist._make_nccl_premul_sum(factor)
+
+
+def coalesced(*calls):
+    def issue(pg):
+        pg._start_coalescing()
+        for call in calls:
+            call(pg)
+        return pg._end_coalescing()
+
+    return issue
+
+
+# (name, call(pg, async_op), NCCL calls with {s} for the op's stream). Tensors are float32
+# unless named; ops that only move data move bytes (ncclUint8).
+OPS = [
+    (
+        "all_reduce sum",
+        lambda pg, a: pg.allreduce([torch.ones(4)], options(AllreduceOptions, a)),
+        ["ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, {s})"],
+    ),
+    (
+        "all_reduce avg float16",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(4, dtype=torch.float16)],
+            options(AllreduceOptions, a, reduceOp=dist.ReduceOp.AVG),
+        ),
+        ["ncclAllReduce(count=4, ncclFloat16, ncclAvg, C0, {s})"],
+    ),
+    (
+        "all_reduce product uint8",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(4, dtype=torch.uint8)],
+            options(AllreduceOptions, a, reduceOp=dist.ReduceOp.PRODUCT),
+        ),
+        ["ncclAllReduce(count=4, ncclUint8, ncclProd, C0, {s})"],
+    ),
+    (
+        "all_reduce min int64",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(3, dtype=torch.int64)],
+            options(AllreduceOptions, a, reduceOp=dist.ReduceOp.MIN),
+        ),
+        ["ncclAllReduce(count=3, ncclInt64, ncclMin, C0, {s})"],
+    ),
+    (
+        "all_reduce max bfloat16",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(4, dtype=torch.bfloat16)],
+            options(AllreduceOptions, a, reduceOp=dist.ReduceOp.MAX),
+        ),
+        ["ncclAllReduce(count=4, ncclBfloat16, ncclMax, C0, {s})"],
+    ),
+    (
+        "all_reduce sum float8_e5m2",
+        lambda pg, a: pg.allreduce(
+            [torch.zeros(4, dtype=torch.float8_e5m2)], options(AllreduceOptions, a)
+        ),
+        ["ncclAllReduce(count=4, ncclFloat8e5m2, ncclSum, C0, {s})"],
+    ),
+    (
+        "all_reduce sum bool is a max of bytes",
+        lambda pg, a: pg.allreduce([torch.ones(5, dtype=torch.bool)], options(AllreduceOptions, a)),
+        ["ncclAllReduce(count=5, ncclUint8, ncclMax, C0, {s})"],
+    ),
+    (
+        "all_reduce sum complex64 as real view",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(3, dtype=torch.complex64)], options(AllreduceOptions, a)
+        ),
+        ["ncclAllReduce(count=6, ncclFloat32, ncclSum, C0, {s})"],
+    ),
+    (
+        "all_reduce premul_sum float64 scalar",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(3, dtype=torch.float64)],
+            options(AllreduceOptions, a, reduceOp=premul(0.5)),
+        ),
+        [
+            "ncclRedOpCreatePreMulSum(scalar=0.5, ncclFloat64, C0) -> R0",
+            "ncclAllReduce(count=3, ncclFloat64, R0, C0, {s})",
+            "ncclRedOpDestroy(R0, C0)",
+        ],
+    ),
+    (
+        "all_reduce premul_sum complex is multiply then sum",
+        lambda pg, a: pg.allreduce(
+            [torch.ones(3, dtype=torch.complex64)],
+            options(AllreduceOptions, a, reduceOp=premul(0.5)),
+        ),
+        ["ncclAllReduce(count=6, ncclFloat32, ncclSum, C0, {s})"],
+    ),
+    (
+        "broadcast from rank 1",
+        lambda pg, a: pg.broadcast([torch.ones(5)], options(BroadcastOptions, a, rootRank=1)),
+        ["ncclBroadcast(count=20, ncclUint8, root=1, C0, {s})"],
+    ),
+    (
+        "reduce max to rank 2",
+        lambda pg, a: pg.reduce(
+            [torch.ones(4)],
+            options(ReduceOptions, a, rootRank=2, reduceOp=dist.ReduceOp.MAX),
+        ),
+        ["ncclReduce(count=4, ncclFloat32, ncclMax, root=2, C0, {s})"],
+    ),
+    (
+        "reduce premul_sum to rank 0",
+        lambda pg, a: pg.reduce(
+            [torch.ones(4)], options(ReduceOptions, a, rootRank=0, reduceOp=premul(2.0))
+        ),
+        [
+            "ncclRedOpCreatePreMulSum(scalar=2, ncclFloat32, C0) -> R0",
+            "ncclReduce(count=4, ncclFloat32, R0, root=0, C0, {s})",
+            "ncclRedOpDestroy(R0, C0)",
+        ],
+    ),
+    (
+        "all_gather list",
+        lambda pg, a: pg.allgather(
+            [[torch.empty(2) for _ in range(SIZE)]], [torch.ones(2)], options(AllgatherOptions, a)
+        ),
+        ["ncclAllGather(sendcount=8, ncclUint8, C0, {s})"],
+    ),
+    (
+        "all_gather_into_tensor",
+        lambda pg, a: pg._allgather_base(
+            torch.empty(2 * SIZE), torch.ones(2), options(AllgatherOptions, a)
+        ),
+        ["ncclAllGather(sendcount=8, ncclUint8, C0, {s})"],
+    ),
+    (
+        "reduce_scatter list",
+        lambda pg, a: pg.reduce_scatter(
+            [torch.empty(2)],
+            [[torch.ones(2) for _ in range(SIZE)]],
+            options(ReduceScatterOptions, a),
+        ),
+        ["ncclReduceScatter(recvcount=2, ncclFloat32, ncclSum, C0, {s})"],
+    ),
+    (
+        "reduce_scatter_tensor avg",
+        lambda pg, a: pg._reduce_scatter_base(
+            torch.empty(2),
+            torch.ones(2 * SIZE),
+            options(ReduceScatterOptions, a, reduceOp=dist.ReduceOp.AVG),
+        ),
+        ["ncclReduceScatter(recvcount=2, ncclFloat32, ncclAvg, C0, {s})"],
+    ),
+    (
+        "gather to rank 0",
+        lambda pg, a: pg.gather(
+            [[torch.empty(2) for _ in range(SIZE)]],
+            [torch.ones(2)],
+            options(GatherOptions, a, rootRank=0),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclRecv(count=8, ncclUint8, peer=1, C0, {s})",
+            "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "gather to rank 1",
+        lambda pg, a: pg.gather([], [torch.ones(2)], options(GatherOptions, a, rootRank=1)),
+        ["ncclGroupStart()", "ncclSend(count=8, ncclUint8, peer=1, C0, {s})", "ncclGroupEnd()"],
+    ),
+    (
+        "scatter from rank 0",
+        lambda pg, a: pg.scatter(
+            [torch.empty(2)],
+            [[torch.ones(2) for _ in range(SIZE)]],
+            options(ScatterOptions, a, rootRank=0),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclSend(count=8, ncclUint8, peer=1, C0, {s})",
+            "ncclSend(count=8, ncclUint8, peer=2, C0, {s})",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "scatter from rank 2",
+        lambda pg, a: pg.scatter([torch.empty(2)], [], options(ScatterOptions, a, rootRank=2)),
+        ["ncclGroupStart()", "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})", "ncclGroupEnd()"],
+    ),
+    (
+        "all_to_all_single uneven, empty blocks skipped",
+        # Rows of 8 bytes; sends [1, 0, 2] rows, receives [1, 3, 0] rows.
+        lambda pg, a: pg.alltoall_base(
+            torch.empty(4, 2), torch.ones(3, 2), [1, 3, 0], [1, 0, 2], options(AllToAllOptions, a)
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclRecv(count=24, ncclUint8, peer=1, C0, {s})",
+            "ncclSend(count=16, ncclUint8, peer=2, C0, {s})",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "all_to_all list",
+        lambda pg, a: pg.alltoall(
+            [torch.empty(2) for _ in range(SIZE)],
+            [torch.ones(2) for _ in range(SIZE)],
+            options(AllToAllOptions, a),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclSend(count=8, ncclUint8, peer=1, C0, {s})",
+            "ncclRecv(count=8, ncclUint8, peer=1, C0, {s})",
+            "ncclSend(count=8, ncclUint8, peer=2, C0, {s})",
+            "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})",
+            "ncclGroupEnd()",
+        ],
+    ),
+]
+
+# Ops that are always async: one group on the internal stream, one Work.
+ALWAYS_ASYNC = [
+    (
+        "all_reduce_coalesced",
+        lambda pg: pg.allreduce_coalesced(
+            [torch.ones(2), torch.ones(3)], options(AllreduceCoalescedOptions)
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S1)",
+            "ncclAllReduce(count=3, ncclFloat32, ncclSum, C0, S1)",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "all_gather_into_tensor coalesced",
+        coalesced(
+            lambda pg: pg._allgather_base(torch.empty(6), torch.ones(2), options(AllgatherOptions)),
+            lambda pg: pg._allgather_base(torch.empty(3), torch.ones(1), options(AllgatherOptions)),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclAllGather(sendcount=8, ncclUint8, C0, S1)",
+            "ncclAllGather(sendcount=4, ncclUint8, C0, S1)",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "reduce_scatter_tensor coalesced",
+        coalesced(
+            lambda pg: pg._reduce_scatter_base(
+                torch.empty(2), torch.ones(6), options(ReduceScatterOptions)
+            ),
+            lambda pg: pg._reduce_scatter_base(
+                torch.empty(1), torch.ones(3), options(ReduceScatterOptions)
+            ),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclReduceScatter(recvcount=2, ncclFloat32, ncclSum, C0, S1)",
+            "ncclReduceScatter(recvcount=1, ncclFloat32, ncclSum, C0, S1)",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "batch_isend_irecv",
+        coalesced(
+            lambda pg: pg.send([torch.ones(3)], 2, 0),
+            lambda pg: pg.recv([torch.empty(3)], 1, 0),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclSend(count=12, ncclUint8, peer=2, C0, S1)",
+            "ncclRecv(count=12, ncclUint8, peer=1, C0, S1)",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
+        "barrier",
+        lambda pg: pg.barrier(BarrierOptions()),
+        ["ncclAllReduce(count=1, ncclFloat32, ncclSum, C0, S1)"],
+    ),
+]
+
+
+def async_sequence(nccl_calls):
+    """What the first async op of a group calls: the contract around its NCCL calls."""
+    return [
+        *INIT,
+        "getStreamFromPool(highPriority=0) -> S1",
+        "cudaEventCreate() -> E1",
+        "cudaEventRecord(E1, S0)",
+        "cudaStreamWaitEvent(S1, E1)",
+        *nccl_calls,
+        "cudaEventCreate() -> E2",
+        "cudaEventRecord(E2, S1)",
+        "cudaStreamWaitEvent(S0, E2)",
+    ]
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("call", "nccl_calls"), [op[1:] for op in OPS], ids=[op[0] for op in OPS])
+def test_every_op_makes_exactly_these_calls(call, nccl_calls, async_op):
+    pg, log = recorded_group()
+    calls = run(pg, log, lambda pg: call(pg, async_op))
+    if async_op:
+        assert calls == async_sequence([c.format(s="S1") for c in nccl_calls])
+    else:
+        assert calls == [*INIT, *(c.format(s="S0") for c in nccl_calls)]
+
+
+@pytest.mark.parametrize(
+    ("call", "nccl_calls"), [op[1:] for op in ALWAYS_ASYNC], ids=[op[0] for op in ALWAYS_ASYNC]
+)
+def test_grouped_ops_are_one_nccl_group_and_one_work(call, nccl_calls):
+    pg, log = recorded_group()
+    assert run(pg, log, call) == async_sequence(nccl_calls)
+
+
+def test_send_and_recv_run_on_a_lane_per_peer_and_direction():
+    pg, log = recorded_group()
+    send = run(pg, log, lambda pg: pg.send([torch.ones(3)], 1, 0))
+    assert send == [
+        # Both directions' two-rank communicators, low-to-high first, as on rank 1.
+        "ncclGetUniqueId()",
+        "ncclCommInitRank(nranks=2, rank=0) -> C0",  # 0 -> 1: this rank sends
+        "ncclGetUniqueId()",
+        "ncclCommInitRank(nranks=2, rank=1) -> C1",  # 1 -> 0: this rank receives
+        "getStreamFromPool(highPriority=0) -> S1",
+        "cudaEventCreate() -> E1",
+        "cudaEventRecord(E1, S0)",
+        "cudaStreamWaitEvent(S1, E1)",
+        "ncclSend(count=12, ncclUint8, peer=1, C0, S1)",
+        "cudaEventCreate() -> E2",
+        "cudaEventRecord(E2, S1)",
+        "cudaStreamWaitEvent(S0, E2)",
+    ]
+    recv = run(pg, log, lambda pg: pg.recv([torch.empty(3)], 1, 0))
+    assert [c for c in recv if not c.startswith("cuda")] == [
+        "getStreamFromPool(highPriority=0) -> S2",  # the receiving lane's own stream
+        "ncclRecv(count=12, ncclUint8, peer=0, C1, S2)",  # rank 1 is rank 0 of C1
+    ]
+    # A second peer opens its own lanes; the group's communicator is never touched.
+    other = run(pg, log, lambda pg: pg.send([torch.ones(1)], 2, 0))
+    assert [c for c in other if c.startswith("nccl")] == [
+        "ncclGetUniqueId()",
+        "ncclCommInitRank(nranks=2, rank=0) -> C2",
+        "ncclGetUniqueId()",
+        "ncclCommInitRank(nranks=2, rank=1) -> C3",
+        "ncclSend(count=4, ncclUint8, peer=1, C2, S3)",
+    ]
+
+
+def test_destroying_the_group_destroys_its_communicators():
+    pg, log = recorded_group()
+    run(pg, log, lambda pg: pg.allreduce([torch.ones(1)], options(AllreduceOptions)))
+    run(pg, log, lambda pg: pg.send([torch.ones(1)], 1, 0))
+    log.clear()
+    del pg
+    assert sorted(log.calls()) == [
+        "ncclCommDestroy(C0)",
+        "ncclCommDestroy(C1)",
+        "ncclCommDestroy(C2)",
+    ]
