@@ -52,3 +52,32 @@ def test_future_is_created_with_the_cuda_device(single_rank_group):
     x = torch.ones(4, device="cuda")
     fut = dist.all_reduce(x, async_op=True).get_future()
     assert torch.equal(fut.then(lambda f: f.value()[0] + 1).wait().cpu(), torch.full((4,), 2.0))
+
+
+def test_async_op_follows_earlier_work_and_wait_orders_later_work(single_rank_group):
+    # The caller's stream is kept busy, then writes the input: an op that did not wait for
+    # the caller's stream would gather zeros, and a read after wait() that did not wait for
+    # the op would double zeros.
+    x = torch.zeros(1 << 16, device="cuda")
+    out = torch.zeros(1 << 16, device="cuda")
+    torch.cuda._sleep(100_000_000)
+    x.fill_(3.0)
+    work = dist.all_gather_into_tensor(out, x, async_op=True)
+    work.wait()
+    doubled = out * 2
+    assert torch.equal(doubled.cpu(), torch.full((1 << 16,), 6.0))
+
+
+def test_sync_collectives_capture_in_a_cuda_graph(single_rank_group):
+    x = torch.ones(16, device="cuda")
+    out = torch.zeros(16, device="cuda")
+    dist.all_gather_into_tensor(out, x)  # opens the communicator: init is not capturable
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_gather_into_tensor(out, x * 2)
+        dist.all_reduce(out)
+    x.fill_(5.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), torch.full((16,), 10.0))
