@@ -183,7 +183,12 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>(m, "ProcessGroup")
       .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout"), py::arg("options"), py::arg("gloo"))
-      .def_property_readonly("streamnccl_options", &ProcessGroup::options);
+      .def_property_readonly("streamnccl_options", &ProcessGroup::options)
+      // torch calls this on a group's non-members when a bound group splits; it is how NCCL
+      // backends take part in ncclCommSplit. streamnccl makes a subgroup's communicators from
+      // scratch, among its members only, so there is nothing to do.
+      .def(
+          "perform_nocolor_split", [](ProcessGroup&, const c10::Device&) {}, py::arg("device"));
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
   bindSimulation(m);

@@ -466,3 +466,13 @@ def test_destroying_the_group_destroys_its_communicators():
         "ncclCommDestroy(C1)",
         "ncclCommDestroy(C2)",
     ]
+
+
+def test_eager_connect_opens_the_communicator_at_once():
+    # torch calls it from init_process_group(device_id=...) for backends that split.
+    pg, log = recorded_group()
+    log.clear()
+    pg.eager_connect_single_device(CPU)
+    assert log.calls() == INIT
+    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(2)], options(AllreduceOptions, False)))
+    assert calls == ["ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S0)"]

@@ -1,5 +1,7 @@
-"""Subgroups through new_group, and the mixed backend strings "cpu:gloo,cuda:streamnccl"
+"""Subgroups through new_group and split, and the mixed backend strings "cpu:gloo,cuda:streamnccl"
 and "cpu:streamnccl,cuda:streamnccl"."""
+
+from datetime import timedelta
 
 import pytest
 import streamnccl
@@ -57,3 +59,42 @@ def _mixed_backend_strings(ctx):
 @pytest.mark.parametrize("world_size", [2])
 def test_mixed_backend_strings(rank_pools, world_size):
     rank_pools(world_size).run(_mixed_backend_strings)
+
+
+def _split(ctx):
+    # torch's split_group needs a GPU-bound default group; the split itself is the c10d
+    # ProcessGroup's, which asks our backend once per device type it serves.
+    n, me = ctx.world_size, ctx.rank
+    world = dist.distributed_c10d._get_default_group()
+    half = n // 2
+    mine = list(range(half)) if me < half else list(range(half, n))
+    part = world.split_group(mine, timeout=timedelta(seconds=30), group_name=f"part{mine[0]}")
+    backend = part._get_backend(torch.device("cpu"))
+    assert isinstance(backend, streamnccl.ProcessGroup)
+    assert backend is part._get_backend(torch.device("cuda")), "one backend for both types"
+    assert (part.rank(), part.size()) == (mine.index(me), len(mine))
+
+    x = torch.full((3,), float(me))
+    part.allreduce([x]).wait()
+    assert torch.equal(x, torch.full((3,), float(sum(mine))))
+    gathered = [torch.empty(2) for _ in mine]
+    part.allgather([gathered], [torch.full((2,), float(me))]).wait()
+    assert [g[0].item() for g in gathered] == [float(r) for r in mine]
+    # Point-to-point between the subgroup's ranks 0 and 1, recv posted first.
+    inbox = torch.empty(4)
+    peer = 1 - part.rank()
+    pending = part.recv([inbox], peer, 0)
+    part.send([torch.full((4,), float(me))], peer, 0).wait()
+    pending.wait()
+    assert torch.equal(inbox, torch.full((4,), float(mine[peer])))
+
+    # A rank asked to split into a group without it gets none.
+    assert world.split_group([r for r in range(n) if r != me], group_name=f"without{me}") is None
+    z = torch.ones(1)
+    dist.all_reduce(z)  # the world group is unaffected
+    assert z.item() == n
+
+
+@pytest.mark.parametrize("world_size", [4])
+def test_split_group_gives_each_part_its_own_paths(rank_pools, world_size):
+    rank_pools(world_size).run(_split)

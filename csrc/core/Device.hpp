@@ -25,6 +25,13 @@
 //  7. Coalesced ops (startCoalescing/endCoalescing, *_coalesced, batch_isend_irecv) are
 //     issued as one communicator group inside one task on the internal stream: one Work.
 //
+// As a timeline, for one async op (● records an event, ◆ makes a stream wait for one):
+//
+//   caller's stream  ──[writes x]──●ready─────────────────────────◆──[reads x]──▶
+//                                  │                              ▲
+//   internal stream  ──────────────◆───[communicator call]──●end──┘
+//   host             launch: record ready, block, enqueue, record end; wait(): block
+//
 // On the host path "streams" are executors: the caller's stream is the calling thread, which
 // is synchronous, and the internal stream is one worker thread per group. Host ops are run by
 // the worker in program order; a sync op returns when its result is ready. Each lane is one

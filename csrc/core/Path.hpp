@@ -10,8 +10,10 @@
 #include "core/Device.hpp"
 
 #include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
+#include <vector>
 
 namespace streamnccl {
 
@@ -43,6 +45,10 @@ class PathFactory {
   // outside a group (opening may be collective between the two). The lanes' communicators
   // take group ranks. Throws c10::Error with the reason when the device cannot be used.
   virtual PeerLanes openPeer(const c10::Device& device, int peer) = 0;
+  // The factory for a subgroup of `ranks` (group ranks, sorted, this rank among them), whose
+  // connections meet through `store`. Collective over the members.
+  virtual std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                             const std::vector<int>& ranks) = 0;
 };
 
 }  // namespace streamnccl

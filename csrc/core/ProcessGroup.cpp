@@ -60,7 +60,9 @@ auto openOrRefuse(const char* op, const c10::Device& device, Open open) -> declt
 
 }  // namespace
 
-Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
+Path& ProcessGroup::pathFor(const c10::Device& requested, const char* op) {
+  // "cpu:0" (a bound device) and "cpu" (a tensor's) are the same host.
+  const c10::Device device = requested.is_cpu() ? c10::Device(c10::kCPU) : requested;
   std::lock_guard<std::mutex> lock(pathsMutex_);
   auto found = paths_.find(device);
   if (found != paths_.end()) {
@@ -72,6 +74,34 @@ Path& ProcessGroup::pathFor(const c10::Device& device, const char* op) {
     lastAcceleratorDevice_ = device;
   }
   return *paths_.emplace(device, std::move(path)).first->second;
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(splitMutex_);
+  if (lastSplit_ && lastSplit_->store == store.get() && lastSplit_->ranks == ranks) {
+    return lastSplit_->group;
+  }
+  // The subgroup's own settings when they are ours (pg_options of split_group), else ours.
+  const auto* requested = dynamic_cast<const streamnccl::Options*>(opts.get());
+  auto options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
+  if (opts) {
+    options->timeout = opts->timeout;
+  }
+  PathFactories factories;
+  for (const auto& [type, factory] : factories_) {
+    factories.emplace(type, factory->split(store, ranks));
+  }
+  auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),
+                                                 static_cast<int>(ranks.size()), options,
+                                                 std::move(factories));
+  lastSplit_ = LastSplit{store.get(), ranks, group};
+  return group;
 }
 
 void ProcessGroup::eagerConnectSingleDevice(at::Device device) {

@@ -34,6 +34,14 @@ class ProcessGroup final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsCoalescing() const override { return true; }
+  bool supportsSplitting() const override { return true; }
+  // A new group of `ranks` (this group's ranks) with paths of its own, or null when this
+  // rank is not among them. Collective over the members.
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  // Sequence numbers start at 0 in every group; there is nothing to agree on.
+  void setSequenceNumberForGroup() override {}
   // Opens the path for `device` now (on CUDA: creates the NCCL communicator) instead of at
   // the first op. Collective: every rank calls it.
   void eagerConnectSingleDevice(at::Device device) override;
@@ -154,6 +162,16 @@ class ProcessGroup final : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   // Coalescing is per calling thread's program order, like every op of a group.
   std::optional<Coalesced> coalescing_;
+
+  // torch asks a backend serving several device types to split once per type: the second
+  // ask, for the same store and ranks, gets the first one's group.
+  struct LastSplit {
+    const c10d::Store* store;
+    std::vector<int> ranks;
+    c10::intrusive_ptr<c10d::Backend> group;
+  };
+  std::mutex splitMutex_;
+  std::optional<LastSplit> lastSplit_;
 
   std::mutex inFlightMutex_;
   std::deque<c10::intrusive_ptr<Work>> inFlight_;

@@ -3,6 +3,8 @@
 #include "cuda/CudaDevice.hpp"
 #include "cuda/NcclCommunicator.hpp"
 
+#include <algorithm>
+
 namespace streamnccl {
 namespace {
 
@@ -59,6 +61,15 @@ PeerLanes CudaPathFactory::openPeer(const c10::Device& device, int peer) {
     return {std::move(lowToHigh), std::move(highToLow)};
   }
   return {std::move(highToLow), std::move(lowToHigh)};
+}
+
+std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const std::vector<int>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  TORCH_INTERNAL_ASSERT(me != ranks.end(), "streamnccl: split without this rank");
+  return std::make_unique<CudaPathFactory>(nccl_, cuda_, store,
+                                           static_cast<int>(me - ranks.begin()),
+                                           static_cast<int>(ranks.size()), options_);
 }
 
 }  // namespace streamnccl

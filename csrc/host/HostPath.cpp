@@ -3,6 +3,9 @@
 #include "host/HostCommunicator.hpp"
 #include "host/HostDevice.hpp"
 
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 namespace streamnccl {
 namespace {
 
@@ -10,6 +13,8 @@ namespace {
 // one only sends to the peer, the other only receives from it.
 constexpr int kGroupTag = 0;
 constexpr int kLaneTag = 1;
+// Where a subgroup's Gloo meets, under the subgroup's store (as python/streamnccl does).
+constexpr const char* kGlooStorePrefix = "streamnccl/gloo/";
 
 std::unique_ptr<Path> hostPath(const c10::Device& device,
                                const c10::intrusive_ptr<c10d::Backend>& gloo, int tag) {
@@ -28,6 +33,15 @@ std::unique_ptr<Path> HostPathFactory::open(const c10::Device& device) {
 
 PeerLanes HostPathFactory::openPeer(const c10::Device& device, int /*peer: any, over Gloo*/) {
   return {hostPath(device, gloo_, kLaneTag), hostPath(device, gloo_, kLaneTag)};
+}
+
+std::unique_ptr<PathFactory> HostPathFactory::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const std::vector<int>& ranks) {
+  // Gloo splits itself; its keys stay apart from ours, as at the group's creation.
+  auto glooStore = c10::make_intrusive<c10d::PrefixStore>(kGlooStorePrefix, store);
+  auto subgroup = gloo_->split(glooStore, ranks, gloo_->getBackendOptions());
+  TORCH_CHECK(subgroup, "streamnccl: Gloo did not split for ranks ", c10::Join(", ", ranks));
+  return std::make_unique<HostPathFactory>(std::move(subgroup));
 }
 
 }  // namespace streamnccl

@@ -97,4 +97,9 @@ PeerLanes SimPathFactory::openPeer(const c10::Device& device, int /*peer*/) {
   return {path(kLaneTag), path(kLaneTag)};
 }
 
+std::unique_ptr<PathFactory> SimPathFactory::split(const c10::intrusive_ptr<c10d::Store>&,
+                                                   const std::vector<int>&) {
+  TORCH_CHECK(false, "streamnccl sim: a simulated group cannot be split");
+}
+
 }  // namespace streamnccl::sim
