@@ -133,7 +133,8 @@ void bindSimulation(py::module_& m) {
 void bindRecording(py::module_& m) {
   py::class_<fake::CallLog, std::shared_ptr<fake::CallLog>>(m, "_CallLog")
       .def("calls", &fake::CallLog::calls)
-      .def("clear", &fake::CallLog::clear);
+      .def("clear", &fake::CallLog::clear)
+      .def("fail_next", &fake::CallLog::failNext, py::arg("function"));
   m.def(
       "_recording_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

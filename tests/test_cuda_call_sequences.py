@@ -476,3 +476,30 @@ def test_eager_connect_opens_the_communicator_at_once():
     assert log.calls() == INIT
     calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(2)], options(AllreduceOptions, False)))
     assert calls == ["ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S0)"]
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_an_nccl_failure_names_rank_group_op_and_ncclGetLastError(async_op):
+    pg, log = recorded_group()
+    pg.eager_connect_single_device(CPU)
+    log.fail_next("ncclAllReduce")
+    with pytest.raises(dist.DistBackendError) as failure:
+        work = pg.allreduce([torch.ones(4)], options(AllreduceOptions, async_op))
+        work.wait()
+    message = str(failure.value)
+    assert message.startswith("[streamnccl rank 0/3 pg=")
+    assert "] allreduce #1 ([4], Float): [streamnccl rank 0/3 cpu] ncclAllReduce failed" in message
+    assert "(injected failure of ncclAllReduce)" in message  # what ncclGetLastError said
+    # The next op runs.
+    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(2)], options(AllreduceOptions, False)))
+    assert calls[-1] == "ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S0)"
+
+
+def test_a_failed_connection_is_a_backend_error_and_the_next_op_connects():
+    pg, log = recorded_group()
+    log.fail_next("ncclCommInitRank")
+    with pytest.raises(dist.DistBackendError, match="allreduce: connecting cpu failed") as failure:
+        pg.allreduce([torch.ones(4)], options(AllreduceOptions, False))
+    assert "(injected failure of ncclCommInitRank)" in str(failure.value)
+    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(4)], options(AllreduceOptions, False)))
+    assert calls == [*INIT, "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S0)"]

@@ -33,6 +33,11 @@ ProcessGroup::~ProcessGroup() {
   paths_.clear();
 }
 
+std::string ProcessGroup::who() const {
+  return "[streamnccl rank " + std::to_string(getRank()) + "/" + std::to_string(getSize()) +
+         " pg=" + getGroupUid() + "]";
+}
+
 PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op) const {
   auto factory = factories_.find(device.type());
   STREAMNCCL_CHECK_ARG(factory != factories_.end(), op, "tensors on ", device,
@@ -46,13 +51,16 @@ PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op)
 namespace {
 
 // Runs a factory's opening of `device`: a reason the device cannot be used becomes a bad
-// argument of `op`, while a fault while connecting (NCCL init, a Store timeout) stays one.
+// argument of `op`, while a fault while connecting (NCCL init, a Store timeout) stays a
+// DistBackendError, prefixed with `who` (the group) and `op`.
 template <typename Open>
-auto openOrRefuse(const char* op, const c10::Device& device, Open open) -> decltype(open()) {
+auto openOrRefuse(const std::string& who, const char* op, const c10::Device& device, Open open)
+    -> decltype(open()) {
   try {
     return open();
-  } catch (const c10::DistError&) {
-    throw;
+  } catch (const c10::DistError& e) {
+    throwDistBackendError(who + " " + op + ": connecting " + device.str() +
+                          " failed: " + e.what_without_backtrace());
   } catch (const c10::Error& e) {
     STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());
   }
@@ -69,7 +77,7 @@ Path& ProcessGroup::pathFor(const c10::Device& requested, const char* op) {
     return *found->second;
   }
   PathFactory& factory = factoryFor(device, op);
-  auto path = openOrRefuse(op, device, [&] { return factory.open(device); });
+  auto path = openOrRefuse(who(), op, device, [&] { return factory.open(device); });
   if (!device.is_cpu()) {
     lastAcceleratorDevice_ = device;
   }
@@ -117,7 +125,7 @@ Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direc
   auto found = peers.find(peer);
   if (found == peers.end()) {
     PathFactory& factory = factoryFor(device, op);
-    auto lanes = openOrRefuse(op, device, [&] { return factory.openPeer(device, peer); });
+    auto lanes = openOrRefuse(who(), op, device, [&] { return factory.openPeer(device, peer); });
     found = peers.emplace(peer, std::move(lanes)).first;
   }
   return direction == Direction::Send ? *found->second.sends : *found->second.receives;

@@ -139,6 +139,8 @@ class ProcessGroup final : public c10d::Backend {
   // The lane a send to, or a recv from, `peer` outside a group runs on (see PeerLanes).
   Path& laneFor(const c10::Device& device, int peer, Direction direction, const char* op);
   PathFactory& factoryFor(const c10::Device& device, const char* op) const;
+  // "[streamnccl rank r/n pg=name]", as errors name this group.
+  std::string who() const;
   // Records the ops `record` submits into one coalesced group (the open one, or a new one
   // ended here), so they run as one communicator group with one Work. A bad argument in any
   // of them raises before anything of a new group is launched.

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace streamnccl::fake {
@@ -88,6 +89,21 @@ std::string scalarText(const void* scalar, ncclDataType_t type, ncclScalarReside
 
 }  // namespace
 
+void CallLog::failNext(std::string function) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  failing_.push_back(std::move(function));
+}
+
+bool CallLog::takeFailure(const std::string& function) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = std::find(failing_.begin(), failing_.end(), function);
+  if (found == failing_.end()) {
+    return false;
+  }
+  failing_.erase(found);
+  return true;
+}
+
 void CallLog::add(std::string call) {
   std::lock_guard<std::mutex> lock(mutex_);
   calls_.push_back(std::move(call));
@@ -144,6 +160,20 @@ void RecordingCuda::streamWaitEvent(c10::Stream stream, cudaEvent_t event) {
   log_->add("cudaStreamWaitEvent(" + streamName(native(stream)) + ", " + eventName(event) + ")");
 }
 
+ncclResult_t RecordingNccl::outcome(const char* function) {
+  if (!log_->takeFailure(function)) {
+    return ncclSuccess;
+  }
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  lastError_ = std::string("injected failure of ") + function;
+  return ncclInternalError;
+}
+
+const char* RecordingNccl::getLastError(ncclComm_t /*comm*/) {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return lastError_.c_str();
+}
+
 ncclResult_t RecordingNccl::getVersion(int* version) {
   *version = NCCL_VERSION_CODE;
   return ncclSuccess;
@@ -152,35 +182,41 @@ ncclResult_t RecordingNccl::getVersion(int* version) {
 ncclResult_t RecordingNccl::getUniqueId(ncclUniqueId* id) {
   *id = ncclUniqueId{};
   log_->add("ncclGetUniqueId()");
-  return ncclSuccess;
+  return outcome("ncclGetUniqueId");
 }
 
 ncclResult_t RecordingNccl::commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId /*id*/,
                                          int rank, c10::Device /*device*/) {
+  const std::string call =
+      "ncclCommInitRank(nranks=" + std::to_string(nranks) + ", rank=" + std::to_string(rank) + ")";
+  const ncclResult_t result = outcome("ncclCommInitRank");
+  if (result != ncclSuccess) {
+    log_->add(call + " failed");
+    return result;  // no communicator made
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   *comm = handle<ncclComm_t>(commsMade_++);
-  log_->add("ncclCommInitRank(nranks=" + std::to_string(nranks) + ", rank=" + std::to_string(rank) +
-            ") -> " + commName(*comm));
+  log_->add(call + " -> " + commName(*comm));
   return ncclSuccess;
 }
 
 ncclResult_t RecordingNccl::commDestroy(ncclComm_t comm) {
   log_->add("ncclCommDestroy(" + commName(comm) + ")");
-  return ncclSuccess;
+  return outcome("ncclCommDestroy");
 }
 
 ncclResult_t RecordingNccl::allReduce(const void*, void*, size_t count, ncclDataType_t datatype,
                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclAllReduce(count=" + std::to_string(count) + ", " + typeName(datatype) + ", " +
             opName(op) + ", " + commName(comm) + ", " + streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclAllReduce");
 }
 
 ncclResult_t RecordingNccl::broadcast(const void*, void*, size_t count, ncclDataType_t datatype,
                                       int root, ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclBroadcast(count=" + std::to_string(count) + ", " + typeName(datatype) + ", root=" +
             std::to_string(root) + ", " + commName(comm) + ", " + streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclBroadcast");
 }
 
 ncclResult_t RecordingNccl::reduce(const void*, void*, size_t count, ncclDataType_t datatype,
@@ -188,14 +224,14 @@ ncclResult_t RecordingNccl::reduce(const void*, void*, size_t count, ncclDataTyp
   log_->add("ncclReduce(count=" + std::to_string(count) + ", " + typeName(datatype) + ", " +
             opName(op) + ", root=" + std::to_string(root) + ", " + commName(comm) + ", " +
             streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclReduce");
 }
 
 ncclResult_t RecordingNccl::allGather(const void*, void*, size_t sendcount, ncclDataType_t datatype,
                                       ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclAllGather(sendcount=" + std::to_string(sendcount) + ", " + typeName(datatype) +
             ", " + commName(comm) + ", " + streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclAllGather");
 }
 
 ncclResult_t RecordingNccl::reduceScatter(const void*, void*, size_t recvcount,
@@ -203,31 +239,31 @@ ncclResult_t RecordingNccl::reduceScatter(const void*, void*, size_t recvcount,
                                           cudaStream_t stream) {
   log_->add("ncclReduceScatter(recvcount=" + std::to_string(recvcount) + ", " + typeName(datatype) +
             ", " + opName(op) + ", " + commName(comm) + ", " + streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclReduceScatter");
 }
 
 ncclResult_t RecordingNccl::send(const void*, size_t count, ncclDataType_t datatype, int peer,
                                  ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclSend(count=" + std::to_string(count) + ", " + typeName(datatype) + ", peer=" +
             std::to_string(peer) + ", " + commName(comm) + ", " + streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclSend");
 }
 
 ncclResult_t RecordingNccl::recv(void*, size_t count, ncclDataType_t datatype, int peer,
                                  ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclRecv(count=" + std::to_string(count) + ", " + typeName(datatype) + ", peer=" +
             std::to_string(peer) + ", " + commName(comm) + ", " + streamName(stream) + ")");
-  return ncclSuccess;
+  return outcome("ncclRecv");
 }
 
 ncclResult_t RecordingNccl::groupStart() {
   log_->add("ncclGroupStart()");
-  return ncclSuccess;
+  return outcome("ncclGroupStart");
 }
 
 ncclResult_t RecordingNccl::groupEnd() {
   log_->add("ncclGroupEnd()");
-  return ncclSuccess;
+  return outcome("ncclGroupEnd");
 }
 
 ncclResult_t RecordingNccl::redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
@@ -237,12 +273,12 @@ ncclResult_t RecordingNccl::redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   *op = static_cast<ncclRedOp_t>(static_cast<int>(ncclNumOps) + redOpsMade_++);
   log_->add("ncclRedOpCreatePreMulSum(scalar=" + scalarText(scalar, datatype, residence) + ", " +
             typeName(datatype) + ", " + commName(comm) + ") -> " + opName(*op));
-  return ncclSuccess;
+  return outcome("ncclRedOpCreatePreMulSum");
 }
 
 ncclResult_t RecordingNccl::redOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   log_->add("ncclRedOpDestroy(" + opName(op) + ", " + commName(comm) + ")");
-  return ncclSuccess;
+  return outcome("ncclRedOpDestroy");
 }
 
 }  // namespace streamnccl::fake

@@ -21,10 +21,15 @@ class CallLog {
   void add(std::string call);
   std::vector<std::string> calls() const;
   void clear();
+  // The next call of `function` (an NCCL name, e.g. "ncclAllReduce") fails with
+  // ncclInternalError, and ncclGetLastError then says so.
+  void failNext(std::string function);
+  bool takeFailure(const std::string& function);
 
  private:
   mutable std::mutex mutex_;
   std::vector<std::string> calls_;
+  std::vector<std::string> failing_;
 };
 
 class RecordingCuda final : public CudaApi {
@@ -60,8 +65,8 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                             c10::Device device) override;
   ncclResult_t commDestroy(ncclComm_t comm) override;
-  const char* getErrorString(ncclResult_t) override { return "recorded"; }
-  const char* getLastError(ncclComm_t) override { return ""; }
+  const char* getErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
+  const char* getLastError(ncclComm_t comm) override;
 
   ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
@@ -87,8 +92,13 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) override;
 
  private:
+  // ncclSuccess, or the failure the log was asked to inject into `function`.
+  ncclResult_t outcome(const char* function);
+
   const std::shared_ptr<CallLog> log_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // the handle counters
+  std::mutex errorMutex_;
+  std::string lastError_;
   intptr_t commsMade_ = 0;
   int redOpsMade_ = 0;
 };
