@@ -167,16 +167,22 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "streamnccl: a torch.distributed backend with explicit stream semantics";
 
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
-      .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait) {
+      .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
+                       std::optional<std::string> dumpDir, std::optional<int> traceBufferSize) {
              auto options = c10::make_intrusive<Options>();
              options->highPriorityStreams = highPriorityStreams;
              options->blockingWait = blockingWait;
+             options->dumpDir = std::move(dumpDir);
+             options->traceBufferSize = traceBufferSize;
              return options;
            }),
            py::kw_only(), py::arg("high_priority_streams") = py::none(),
-           py::arg("blocking_wait") = py::none())
+           py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
+           py::arg("trace_buffer_size") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
+      .def_readwrite("dump_dir", &Options::dumpDir)
+      .def_readwrite("trace_buffer_size", &Options::traceBufferSize)
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");

@@ -490,16 +490,19 @@ def test_an_nccl_failure_names_rank_group_op_and_ncclGetLastError(async_op):
     assert message.startswith("[streamnccl rank 0/3 pg=")
     assert "] allreduce #1 ([4], Float): [streamnccl rank 0/3 cpu] ncclAllReduce failed" in message
     assert "(injected failure of ncclAllReduce)" in message  # what ncclGetLastError said
-    # The next op runs.
-    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(2)], options(AllreduceOptions, False)))
-    assert calls[-1] == "ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S0)"
+    # The group is broken: the next op raises at once, with the original cause.
+    log.clear()
+    with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure") as later:
+        pg.allreduce([torch.ones(2)], options(AllreduceOptions, False))
+    assert "injected failure of ncclAllReduce" in str(later.value)
+    assert log.calls() == []
 
 
-def test_a_failed_connection_is_a_backend_error_and_the_next_op_connects():
+def test_a_failed_connection_is_a_backend_error_that_breaks_the_group():
     pg, log = recorded_group()
     log.fail_next("ncclCommInitRank")
     with pytest.raises(dist.DistBackendError, match="allreduce: connecting cpu failed") as failure:
         pg.allreduce([torch.ones(4)], options(AllreduceOptions, False))
     assert "(injected failure of ncclCommInitRank)" in str(failure.value)
-    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(4)], options(AllreduceOptions, False)))
-    assert calls == [*INIT, "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S0)"]
+    with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
+        pg.broadcast([torch.ones(4)], options(BroadcastOptions, False))

@@ -61,6 +61,11 @@ class Communicator {
   // outermost groupEnd() issues. Results are ready in stream order after groupEnd().
   virtual void groupStart() = 0;
   virtual void groupEnd() = 0;
+
+  // Stops the communicator for good after a fault, so that calls blocked in it (and its
+  // peers') fail instead of waiting forever. Called from the watchdog thread; no call may be
+  // made afterwards.
+  virtual void abort() = 0;
 };
 
 }  // namespace streamnccl

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 namespace streamnccl {
 namespace {
@@ -23,6 +24,63 @@ std::optional<bool> boolFromEnv(const char* name) {
                     "' is not a boolean (expected 1/0, true/false, yes/no, on/off)");
 }
 
+std::optional<std::string> stringFromEnv(const char* name) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') {
+    return std::nullopt;
+  }
+  return std::string(raw);
+}
+
+std::optional<int> intFromEnv(const char* name) {
+  const auto raw = stringFromEnv(name);
+  if (!raw) {
+    return std::nullopt;
+  }
+  try {
+    size_t used = 0;
+    const int value = std::stoi(*raw, &used);
+    if (used == raw->size() && value >= 0) {
+      return value;
+    }
+  } catch (const std::exception&) {
+  }
+  TORCH_CHECK_VALUE(false, "streamnccl: environment variable ", name, "='", *raw,
+                    "' is not a non-negative integer");
+}
+
+Options::TestFault parseTestFault(const std::string& spec) {
+  Options::TestFault fault;
+  std::string action = "fail";
+  std::istringstream fields(spec);
+  std::string field;
+  while (std::getline(fields, field, ',')) {
+    const auto equals = field.find('=');
+    TORCH_CHECK_VALUE(equals != std::string::npos, "streamnccl: STREAMNCCL_TEST_FAULT field '",
+                      field, "' is not key=value");
+    const std::string key = field.substr(0, equals);
+    const std::string value = field.substr(equals + 1);
+    if (key == "rank") {
+      fault.rank = std::stoi(value);
+    } else if (key == "op") {
+      fault.op = std::stoull(value);
+    } else if (key == "action") {
+      action = value;
+    } else if (key == "ms") {
+      fault.delay = std::chrono::milliseconds(std::stoll(value));
+    } else {
+      TORCH_CHECK_VALUE(false, "streamnccl: STREAMNCCL_TEST_FAULT has an unknown key '", key,
+                        "' (expected rank, op, action, ms)");
+    }
+  }
+  TORCH_CHECK_VALUE(action == "fail" || action == "delay", "streamnccl: STREAMNCCL_TEST_FAULT ",
+                    "action is '", action, "', expected fail or delay");
+  TORCH_CHECK_VALUE(fault.rank >= 0 && fault.op > 0, "streamnccl: STREAMNCCL_TEST_FAULT='", spec,
+                    "' needs rank=R and op=N (from 1)");
+  fault.fail = action == "fail";
+  return fault;
+}
+
 }  // namespace
 
 Options::Options(std::chrono::milliseconds timeout)
@@ -35,6 +93,17 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   }
   if (!resolved->blockingWait) {
     resolved->blockingWait = boolFromEnv("STREAMNCCL_BLOCKING_WAIT").value_or(false);
+  }
+  if (!resolved->dumpDir) {
+    resolved->dumpDir = stringFromEnv("STREAMNCCL_DUMP_DIR");
+  }
+  if (!resolved->traceBufferSize) {
+    resolved->traceBufferSize = intFromEnv("STREAMNCCL_TRACE_BUFFER_SIZE").value_or(2000);
+  }
+  if (!resolved->testFault) {
+    if (const auto spec = stringFromEnv("STREAMNCCL_TEST_FAULT")) {
+      resolved->testFault = parseTestFault(*spec);
+    }
   }
   return resolved;
 }

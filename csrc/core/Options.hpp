@@ -23,12 +23,30 @@ class Options : public c10d::Backend::Options {
   // raises once the op's timeout passes), instead of only joining the caller's stream.
   std::optional<bool> blockingWait;
 
+  // STREAMNCCL_DUMP_DIR: where a group that breaks (a timeout or a communication failure)
+  // writes its flight recorder as JSON; unset, the summary goes to the log only.
+  std::optional<std::string> dumpDir;
+  // STREAMNCCL_TRACE_BUFFER_SIZE: how many of the latest ops the flight recorder keeps.
+  std::optional<int> traceBufferSize;
+
+  // Test-only, STREAMNCCL_TEST_FAULT="rank=R,op=N,action=fail" or "...,action=delay,ms=M":
+  // op number N (counted from 1) of every group on rank R fails with a DistBackendError, or
+  // starts M ms late, so that fault handling is tested deterministically.
+  struct TestFault {
+    int rank = -1;
+    uint64_t op = 0;
+    bool fail = true;
+    std::chrono::milliseconds delay{0};
+  };
+  std::optional<TestFault> testFault;
+
   // A copy of `explicitSettings` with every unset setting resolved. The only function in the
   // project that reads the environment.
   static c10::intrusive_ptr<Options> fromEnv(const Options& explicitSettings);
 
   bool useHighPriorityStreams() const { return highPriorityStreams.value_or(false); }
   bool useBlockingWait() const { return blockingWait.value_or(false); }
+  size_t flightRecorderCapacity() const { return static_cast<size_t>(traceBufferSize.value_or(0)); }
 };
 
 }  // namespace streamnccl

@@ -21,16 +21,84 @@ std::vector<c10::Device> futureDevices(const c10::Device& device) {
 
 ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
                            PathFactories factories)
-    : c10d::Backend(rank, size), options_(std::move(options)), factories_(std::move(factories)) {
+    : c10d::Backend(rank, size),
+      options_(std::move(options)),
+      factories_(std::move(factories)),
+      health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)),
+      watchdog_([this] { watch(); }) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
                     " is not in [0, ", size, ")");
 }
 
 ProcessGroup::~ProcessGroup() {
-  // Paths go first; each device finishes what its streams hold before it stops.
+  {
+    std::lock_guard<std::mutex> lock(watchdogMutex_);
+    stopping_ = true;
+  }
+  watchdogWake_.notify_all();
+  watchdog_.join();
+  // Paths go next; each device finishes what its streams hold before it stops.
   std::lock_guard<std::mutex> lock(pathsMutex_);
   lanes_.clear();
   paths_.clear();
+}
+
+OpInfo ProcessGroup::groupInfo() const {
+  OpInfo info;
+  info.rank = getRank();
+  info.size = getSize();
+  info.group = getGroupUid();
+  return info;
+}
+
+void ProcessGroup::watch() {
+  constexpr auto kPeriod = std::chrono::milliseconds(50);
+  std::unique_lock<std::mutex> lock(watchdogMutex_);
+  while (!watchdogWake_.wait_for(lock, kPeriod, [&] { return stopping_; })) {
+    lock.unlock();
+    checkInFlight();
+    lock.lock();
+  }
+}
+
+void ProcessGroup::checkInFlight() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<c10::intrusive_ptr<Work>> expired;
+  {
+    std::lock_guard<std::mutex> lock(inFlightMutex_);
+    releaseCompleted();
+    for (auto it = inFlight_.begin(); it != inFlight_.end();) {
+      if (now > (*it)->deadline()) {
+        expired.push_back(*it);
+        it = inFlight_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& work : expired) {
+    const std::string reason =
+        "timed out after " + std::to_string(work->timeout().count()) + " ms (streamnccl watchdog)";
+    work->fail(reason);
+    health_->recorder().failed(work->info().seq, reason);
+    breakGroup(work->exception());
+  }
+}
+
+void ProcessGroup::breakGroup(std::exception_ptr error) {
+  if (!health_->breakWith(groupInfo(), std::move(error))) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(pathsMutex_);
+  for (auto& [device, path] : paths_) {
+    path->communicator->abort();
+  }
+  for (auto& [device, peers] : lanes_) {
+    for (auto& [peer, lanes] : peers) {
+      lanes.sends->communicator->abort();
+      lanes.receives->communicator->abort();
+    }
+  }
 }
 
 std::string ProcessGroup::who() const {
@@ -51,16 +119,18 @@ PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op)
 namespace {
 
 // Runs a factory's opening of `device`: a reason the device cannot be used becomes a bad
-// argument of `op`, while a fault while connecting (NCCL init, a Store timeout) stays a
-// DistBackendError, prefixed with `who` (the group) and `op`.
+// argument of `op`, while a fault while connecting (NCCL init, a Store timeout) breaks the
+// group, as any communication fault does, and is raised as a DistBackendError.
 template <typename Open>
-auto openOrRefuse(const std::string& who, const char* op, const c10::Device& device, Open open)
-    -> decltype(open()) {
+auto openOrRefuse(GroupHealth& health, const OpInfo& group, const std::string& who, const char* op,
+                  const c10::Device& device, Open open) -> decltype(open()) {
   try {
     return open();
   } catch (const c10::DistError& e) {
-    throwDistBackendError(who + " " + op + ": connecting " + device.str() +
-                          " failed: " + e.what_without_backtrace());
+    auto fault = makeDistBackendError(who + " " + op + ": connecting " + device.str() +
+                                      " failed: " + e.what_without_backtrace());
+    health.breakWith(group, fault);
+    std::rethrow_exception(fault);
   } catch (const c10::Error& e) {
     STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());
   }
@@ -77,7 +147,8 @@ Path& ProcessGroup::pathFor(const c10::Device& requested, const char* op) {
     return *found->second;
   }
   PathFactory& factory = factoryFor(device, op);
-  auto path = openOrRefuse(who(), op, device, [&] { return factory.open(device); });
+  auto path =
+      openOrRefuse(*health_, groupInfo(), who(), op, device, [&] { return factory.open(device); });
   if (!device.is_cpu()) {
     lastAcceleratorDevice_ = device;
   }
@@ -125,7 +196,8 @@ Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direc
   auto found = peers.find(peer);
   if (found == peers.end()) {
     PathFactory& factory = factoryFor(device, op);
-    auto lanes = openOrRefuse(who(), op, device, [&] { return factory.openPeer(device, peer); });
+    auto lanes = openOrRefuse(*health_, groupInfo(), who(), op, device,
+                              [&] { return factory.openPeer(device, peer); });
     found = peers.emplace(peer, std::move(lanes)).first;
   }
   return direction == Direction::Send ? *found->second.sends : *found->second.receives;
@@ -153,6 +225,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
 
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               std::shared_ptr<OpOutcome> outcome) {
+  health_->raiseIfBroken(groupInfo(), launch.op);
   OpInfo info{launch.op,
               ++seq_,
               getRank(),
@@ -169,20 +242,31 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
       c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
                                 launch.blockHostOnWait || options_->useBlockingWait());
 
+  health_->recorder().queued(info);
+  injectTestFault(info, steps);
+
   Device& device = *path.device;
   const c10::Stream current = device.currentStream();
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
   // The task holds its communicator and tensors until it has run, whatever the caller drops.
+  // A failure in it breaks the group: its ranks can no longer be assumed in step.
   auto task = [outcome, info, steps = std::move(steps), communicator = path.communicator,
-               outputs = launch.outputs, opStream]() {
+               outputs = launch.outputs, opStream, health = health_, async = launch.async,
+               group = groupInfo()]() {
+    health->recorder().started(info.seq);
     try {
       steps.issue(*communicator, opStream);
       if (steps.finish) {
         steps.finish();
       }
       outcome->succeed(outputs);
+      if (!async) {
+        health->recorder().completed(info.seq);  // on CUDA: issued; sync ops have no events
+      }
     } catch (...) {
       outcome->fail(info, std::current_exception());
+      health->recorder().failed(info.seq, describeException(std::current_exception()));
+      health->breakWith(group, outcome->failure());
     }
   };
 
@@ -209,14 +293,44 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   return work;
 }
 
+void ProcessGroup::injectTestFault(const OpInfo& info, Steps& steps) const {
+  const auto& fault = options_->testFault;
+  if (!fault || fault->rank != getRank() || fault->op != info.seq) {
+    return;
+  }
+  auto issue = std::move(steps.issue);
+  if (fault->fail) {
+    steps.issue = [](Communicator&, c10::Stream) {
+      throwDistBackendError("injected fault (STREAMNCCL_TEST_FAULT)");
+    };
+  } else {
+    steps.issue = [issue, delay = fault->delay](Communicator& comm, c10::Stream stream) {
+      std::this_thread::sleep_for(delay);
+      issue(comm, stream);
+    };
+  }
+}
+
 void ProcessGroup::trackInFlight(c10::intrusive_ptr<Work> work) {
   std::lock_guard<std::mutex> lock(inFlightMutex_);
-  // Every entry is checked: ops on different lanes complete in any order.
-  inFlight_.erase(
-      std::remove_if(inFlight_.begin(), inFlight_.end(),
-                     [](const auto& inFlight) { return inFlight->releaseIfCompleted(); }),
-      inFlight_.end());
+  // Completed ops are released here too, not only by the watchdog: under a stream of async
+  // ops their tensors and events go back at once.
+  releaseCompleted();
   inFlight_.push_back(std::move(work));
+}
+
+void ProcessGroup::releaseCompleted() {
+  inFlight_.erase(std::remove_if(inFlight_.begin(), inFlight_.end(),
+                                 [&](const c10::intrusive_ptr<Work>& work) {
+                                   if (!work->releaseIfCompleted()) {
+                                     return false;
+                                   }
+                                   if (work->isSuccess()) {
+                                     health_->recorder().completed(work->info().seq);
+                                   }
+                                   return true;
+                                 }),
+                  inFlight_.end());
 }
 
 void ProcessGroup::startCoalescing() {

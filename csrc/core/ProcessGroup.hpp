@@ -1,5 +1,6 @@
 #pragma once
 
+#include "core/GroupHealth.hpp"
 #include "core/Options.hpp"
 #include "core/Path.hpp"
 #include "core/Work.hpp"
@@ -7,10 +8,13 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 namespace streamnccl {
@@ -149,8 +153,21 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit(Launch launch, Path& path, Steps steps);
   c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Steps steps,
                                   std::shared_ptr<OpOutcome> outcome = nullptr);
-  // Keeps an async op's Work (and so its tensors) until it completes; drops completed ones.
+  // Keeps an async op's Work (and so its tensors) until the watchdog sees it complete.
   void trackInFlight(c10::intrusive_ptr<Work> work);
+  // Drops the in-flight ops that have completed. Called with inFlightMutex_ held.
+  void releaseCompleted();
+  // Test-only (Options::testFault): makes this op fail or start late on the chosen rank.
+  void injectTestFault(const OpInfo& info, Steps& steps) const;
+  // The watchdog thread: every period, releases completed async ops and fails those past
+  // their deadline, which breaks the group (see breakGroup).
+  void watch();
+  void checkInFlight();
+  // After a timeout: the group is broken with `error` (later calls raise it at once), the
+  // flight recorder is dumped, and every communicator aborted so peers fail fast too.
+  void breakGroup(std::exception_ptr error);
+  // This group as OpInfo describes it, for messages and the flight recorder's dump.
+  OpInfo groupInfo() const;
   c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
 
   const c10::intrusive_ptr<streamnccl::Options> options_;
@@ -177,6 +194,12 @@ class ProcessGroup final : public c10d::Backend {
 
   std::mutex inFlightMutex_;
   std::deque<c10::intrusive_ptr<Work>> inFlight_;
+
+  const std::shared_ptr<GroupHealth> health_;
+  std::mutex watchdogMutex_;
+  std::condition_variable watchdogWake_;
+  bool stopping_ = false;
+  std::thread watchdog_;  // last: started once everything it reads exists
 };
 
 }  // namespace streamnccl

@@ -9,16 +9,20 @@ OpOutcome::OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevic
                                                        std::move(futureDevices))) {}
 
 void OpOutcome::succeed(const std::vector<at::Tensor>& outputs) {
-  future_->markCompleted(c10::IValue(outputs));
+  if (!settled_.exchange(true)) {
+    future_->markCompleted(c10::IValue(outputs));
+  }
 }
 
 void OpOutcome::fail(const OpInfo& info, std::exception_ptr cause) {
   auto error = makeDistBackendError(info.describe() + ": " + describeException(cause));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    failure_ = error;
+    if (!failure_) {
+      failure_ = error;
+    }
   }
-  if (!future_->completed()) {
+  if (!settled_.exchange(true)) {
     future_->setError(error);
   }
 }
@@ -37,7 +41,12 @@ Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
       outcome_(std::move(outcome)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout),
       blockHostOnWait_(blockHostOnWait) {}
+
+void Work::fail(const std::string& reason) {
+  outcome_->fail(info_, std::make_exception_ptr(std::runtime_error(reason)));
+}
 
 void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse) {
   end_ = std::move(end);

@@ -6,6 +6,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,8 @@ class OpOutcome {
   // with the op's stream current, so the future's events follow the op).
   void succeed(const std::vector<at::Tensor>& outputs);
   void fail(const OpInfo& info, std::exception_ptr cause);
+  // Whichever of succeed() and fail() comes first settles the future; a later fail() (the
+  // watchdog's, then the task's own) still records its error if none was.
 
   // The DistBackendError the op failed with, or null.
   std::exception_ptr failure() const;
@@ -31,6 +34,7 @@ class OpOutcome {
  private:
   mutable std::mutex mutex_;
   std::exception_ptr failure_;
+  std::atomic<bool> settled_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -57,7 +61,11 @@ class Work : public c10d::Work {
 
   // Drops the tensors held for the op if it has completed; true if it has.
   bool releaseIfCompleted();
+  // Fails the op from outside its task (the watchdog, at the deadline).
+  void fail(const std::string& reason);
   const OpInfo& info() const { return info_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
  private:
   const OpInfo info_;
@@ -65,6 +73,7 @@ class Work : public c10d::Work {
   const std::shared_ptr<OpOutcome> outcome_;
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
+  const std::chrono::steady_clock::time_point deadline_;
   const bool blockHostOnWait_;
 
   std::unique_ptr<Event> end_;  // null for sync ops: they add no events

@@ -23,6 +23,7 @@ class NcclApi {
   virtual ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                     c10::Device device) = 0;
   virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
+  virtual ncclResult_t commAbort(ncclComm_t comm) = 0;
   virtual const char* getErrorString(ncclResult_t result) = 0;
   virtual const char* getLastError(ncclComm_t comm) = 0;
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace streamnccl {
 namespace {
@@ -134,13 +135,15 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
     TORCH_INTERNAL_ASSERT(bytes.size() == sizeof(id), "streamnccl: malformed NCCL unique id");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclCommInitRank", commInitRank(&comm_, size, id, rank, device),
+  ncclComm_t comm = nullptr;
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclCommInitRank", commInitRank(&comm, size, id, rank, device),
                         who_, nullptr);
+  comm_ = comm;
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ != nullptr) {
-    const ncclResult_t result = nccl_->commDestroy(comm_);
+  if (ncclComm_t comm = comm_.load()) {
+    const ncclResult_t result = nccl_->commDestroy(comm);
     if (result != ncclSuccess) {
       LOG(WARNING) << who_ << " ncclCommDestroy failed: " << nccl_->getErrorString(result);
     }
@@ -233,6 +236,16 @@ void NcclCommunicator::groupStart() {
 
 void NcclCommunicator::groupEnd() {
   STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupEnd", groupEnd(), who_, comm_);
+}
+
+void NcclCommunicator::abort() {
+  ncclComm_t comm = comm_.exchange(nullptr);  // not destroyed again at destruction
+  if (comm != nullptr) {
+    const ncclResult_t result = nccl_->commAbort(comm);
+    if (result != ncclSuccess) {
+      LOG(WARNING) << who_ << " ncclCommAbort failed: " << nccl_->getErrorString(result);
+    }
+  }
 }
 
 int ncclCompiledVersion() { return NCCL_VERSION_CODE; }

@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@ class NcclCommunicator final : public Communicator {
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
   void groupStart() override;
   void groupEnd() override;
+  void abort() override;
 
  private:
   class ScopedRedOp;
@@ -59,7 +61,8 @@ class NcclCommunicator final : public Communicator {
   const std::shared_ptr<CudaApi> cuda_;
   const std::string who_;
   const std::vector<int> members_;
-  ncclComm_t comm_ = nullptr;
+  // Atomic: abort() runs on the watchdog thread while ops may be issuing.
+  std::atomic<ncclComm_t> comm_{nullptr};
 };
 
 // The NCCL version this extension was compiled against and the one loaded at run time.

@@ -17,6 +17,7 @@ class NcclLibrary final : public NcclApi {
     return ncclCommInitRank(comm, nranks, id, rank);
   }
   ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
+  ncclResult_t commAbort(ncclComm_t comm) override { return ncclCommAbort(comm); }
   const char* getErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
   const char* getLastError(ncclComm_t comm) override { return ncclGetLastError(comm); }
 

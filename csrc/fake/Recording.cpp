@@ -205,6 +205,11 @@ ncclResult_t RecordingNccl::commDestroy(ncclComm_t comm) {
   return outcome("ncclCommDestroy");
 }
 
+ncclResult_t RecordingNccl::commAbort(ncclComm_t comm) {
+  log_->add("ncclCommAbort(" + commName(comm) + ")");
+  return outcome("ncclCommAbort");
+}
+
 ncclResult_t RecordingNccl::allReduce(const void*, void*, size_t count, ncclDataType_t datatype,
                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclAllReduce(count=" + std::to_string(count) + ", " + typeName(datatype) + ", " +

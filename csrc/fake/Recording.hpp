@@ -65,6 +65,7 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                             c10::Device device) override;
   ncclResult_t commDestroy(ncclComm_t comm) override;
+  ncclResult_t commAbort(ncclComm_t comm) override;
   const char* getErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
   const char* getLastError(ncclComm_t comm) override;
 

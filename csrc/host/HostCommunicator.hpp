@@ -32,6 +32,9 @@ class HostCommunicator final : public Communicator {
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
   void groupStart() override;
   void groupEnd() override;
+  // Gloo cannot be interrupted through c10d's Backend; a blocked Gloo op ends at its own
+  // timeout, the group's, so there is nothing to stop.
+  void abort() override {}
 
  private:
   // Outside a group a Gloo op is waited on at once; inside one, at the outermost groupEnd().

@@ -8,8 +8,15 @@ class Options(dist.Backend.Options):
 
     high_priority_streams: bool | None
     blocking_wait: bool | None
+    dump_dir: str | None
+    trace_buffer_size: int | None
     def __init__(
-        self, *, high_priority_streams: bool | None = None, blocking_wait: bool | None = None
+        self,
+        *,
+        high_priority_streams: bool | None = None,
+        blocking_wait: bool | None = None,
+        dump_dir: str | None = None,
+        trace_buffer_size: int | None = None,
     ) -> None: ...
     def resolved(self) -> Options: ...
 

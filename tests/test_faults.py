@@ -1,0 +1,110 @@
+"""Faults end in a DistBackendError within the timeout, leave evidence, and end the group:
+a rank whose op fails (STREAMNCCL_TEST_FAULT) is a silent peer to the others."""
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+GROUP_TIMEOUT_S = 3
+FAULTY_RANK, FAULTY_OP = 1, 2
+
+
+def faulty_group(dump_dir):
+    """A group with a short timeout whose op FAULTY_OP fails on FAULTY_RANK."""
+    os.environ["STREAMNCCL_DUMP_DIR"] = dump_dir
+    os.environ["STREAMNCCL_TEST_FAULT"] = f"rank={FAULTY_RANK},op={FAULTY_OP},action=fail"
+    try:
+        return dist.new_group(backend="streamnccl", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    finally:  # later groups of this process must not inherit the fault
+        del os.environ["STREAMNCCL_DUMP_DIR"], os.environ["STREAMNCCL_TEST_FAULT"]
+
+
+def _silent_peer(ctx, async_op):
+    n, me = ctx.world_size, ctx.rank
+    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
+    group = faulty_group(dump_dir)
+    x = torch.ones(4)
+    dist.all_reduce(x, group=group)  # op 1 is fine everywhere
+    assert x[0].item() == n
+
+    started = time.monotonic()
+    with pytest.raises(dist.DistBackendError) as failure:
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=async_op)  # op 2
+        if async_op:
+            work.wait()
+    detected_after = time.monotonic() - started
+    message = str(failure.value)
+    assert f"[streamnccl rank {me}/{n} pg=" in message and "allreduce #2 ([4], Float)" in message
+    if me == FAULTY_RANK:
+        assert "injected fault" in message
+    assert detected_after < GROUP_TIMEOUT_S + 10, detected_after
+
+    # The group is broken: a later call raises at once, with the first cause.
+    started = time.monotonic()
+    with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
+        dist.broadcast(torch.ones(2), src=0, group=group)
+    assert time.monotonic() - started < 1
+
+    # The flight recorder's dump names the failed op, after the one that completed.
+    (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{me}_pg*.json"))
+    with open(dump) as file:
+        record = json.load(file)
+    assert (record["rank"], record["size"]) == (me, n)
+    assert "allreduce #2" in record["cause"]
+    states = [(op["seq"], op["op"], op["state"]) for op in record["ops"]]
+    assert states == [(1, "allreduce", "completed"), (2, "allreduce", "failed")], states
+    assert record["ops"][1]["shape"] == [4] and record["ops"][1]["dtype"] == "Float"
+
+    dist.destroy_process_group(group)
+    shutil.rmtree(dump_dir)
+    z = torch.ones(1)
+    dist.all_reduce(z)  # other groups are unaffected
+    assert z.item() == n
+    return detected_after
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_failing_rank_is_a_silent_peer_to_the_others(rank_pools, world_size, async_op):
+    detected_after = rank_pools(world_size).run(_silent_peer, async_op)
+    # The failing rank knows at once; the others when the group's timeout passes.
+    assert detected_after[FAULTY_RANK] < 1, detected_after
+    others = [t for r, t in enumerate(detected_after) if r != FAULTY_RANK]
+    assert all(GROUP_TIMEOUT_S - 1 < t < GROUP_TIMEOUT_S + 10 for t in others), detected_after
+
+
+def _watchdog_times_out_an_async_op(ctx):
+    # Rank 1 starts op 2 late, past the group's timeout: rank 0's watchdog fails it without
+    # anyone waiting, and a later call raises the timeout at once.
+    me = ctx.rank
+    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
+    os.environ["STREAMNCCL_DUMP_DIR"] = dump_dir
+    os.environ["STREAMNCCL_TEST_FAULT"] = f"rank=1,op=2,action=delay,ms={GROUP_TIMEOUT_S * 2000}"
+    try:
+        group = dist.new_group(backend="streamnccl", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    finally:
+        del os.environ["STREAMNCCL_DUMP_DIR"], os.environ["STREAMNCCL_TEST_FAULT"]
+    dist.all_reduce(torch.ones(1), group=group)
+    work = dist.all_reduce(torch.ones(3), group=group, async_op=True)
+    if me == 0:
+        time.sleep(GROUP_TIMEOUT_S + 1)  # not waiting: the watchdog must notice on its own
+        with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
+            dist.all_reduce(torch.ones(1), group=group)
+        assert glob.glob(os.path.join(dump_dir, "streamnccl_rank0_pg*.json"))
+    with pytest.raises(dist.DistBackendError):
+        work.wait()
+    dist.destroy_process_group(group)
+    shutil.rmtree(dump_dir)
+    return True
+
+
+def test_the_watchdog_fails_an_op_past_its_deadline(rank_pools):
+    assert rank_pools(2).run(_watchdog_times_out_an_async_op) == [True, True]
