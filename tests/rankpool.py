@@ -146,8 +146,10 @@ class RankPool:
             self._kill()  # ranks that failed to start have returned: the pool is unusable
             raise
 
-    def run(self, fn, *args, timeout=None, **kwargs):
-        """Run fn(ctx, *args, **kwargs) on every rank; return the results in rank order."""
+    def run(self, fn, *args, timeout=None, expect_deaths=(), **kwargs):
+        """Run fn(ctx, *args, **kwargs) on every rank; return the results in rank order.
+        Ranks in `expect_deaths` must exit during the run (their result is None); the pool
+        is restarted for the next run."""
         __tracebackhide__ = True  # pytest: show the rank failures, not this machinery
         if self._procs is None:
             self._start()
@@ -155,9 +157,10 @@ class RankPool:
         for conn in self._conns:
             with contextlib.suppress(OSError):  # a dead rank is reported by _collect
                 conn.send_bytes(message)
-        return self._collect(timeout or self.timeout_s, getattr(fn, "__qualname__", repr(fn)))
+        what = getattr(fn, "__qualname__", repr(fn))
+        return self._collect(timeout or self.timeout_s, what, set(expect_deaths))
 
-    def _collect(self, timeout_s, what):
+    def _collect(self, timeout_s, what, expect_deaths=frozenset()):
         __tracebackhide__ = True
         start = time.monotonic()
         deadline = start + timeout_s
@@ -170,12 +173,12 @@ class RankPool:
                 if rank in pending:
                     replies[rank] = self._read_reply(rank)
                     pending.discard(rank)
-            if any(kind != "ok" for kind, _ in replies.values()):
+            if any(kind != "ok" and r not in expect_deaths for r, (kind, _) in replies.items()):
                 deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
         failures = [
             f"rank {r} failed in {what}:\n{text}"
             for r, (kind, text) in sorted(replies.items())
-            if kind != "ok"
+            if kind != ("died" if r in expect_deaths else "ok")
         ]
         if pending:
             failures.append(
@@ -188,7 +191,7 @@ class RankPool:
             self._kill()
         if failures:
             raise AssertionError("\n".join(failures))
-        return [replies[r][1] for r in range(self.world_size)]
+        return [None if r in expect_deaths else replies[r][1] for r in range(self.world_size)]
 
     def _read_reply(self, rank):
         conn, proc = self._conns[rank], self._procs[rank]

@@ -108,3 +108,29 @@ def _watchdog_times_out_an_async_op(ctx):
 
 def test_the_watchdog_fails_an_op_past_its_deadline(rank_pools):
     assert rank_pools(2).run(_watchdog_times_out_an_async_op) == [True, True]
+
+
+def _dead_peer(ctx, async_op):
+    n, me = ctx.world_size, ctx.rank
+    group = dist.new_group(backend="streamnccl", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    dist.all_reduce(torch.ones(1), group=group)
+    if me == n - 1:
+        os._exit(0)  # the peer dies between two collectives
+    started = time.monotonic()
+    with pytest.raises(dist.DistBackendError, match=r"allreduce #2 \(\[4\], Float\)"):
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=async_op)
+        if async_op:
+            work.wait()
+    detected_after = time.monotonic() - started
+    started = time.monotonic()
+    dist.destroy_process_group(group)
+    return detected_after, time.monotonic() - started
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_dead_peer_is_an_error_within_the_timeout(rank_pools, world_size, async_op):
+    results = rank_pools(world_size).run(_dead_peer, async_op, expect_deaths=[world_size - 1])
+    for detected_after, destroyed_after in results[:-1]:
+        assert detected_after < GROUP_TIMEOUT_S + 10, results
+        assert destroyed_after < 5, results
