@@ -75,7 +75,7 @@ c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d:
                     std::make_unique<CudaPathFactory>(NcclApi::library(), CudaApi::runtime(), store,
                                                       rank, size, options));
 #endif
-  return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
+  return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories), store);
 }
 
 py::dict buildInfo() {
@@ -134,7 +134,8 @@ void bindRecording(py::module_& m) {
   py::class_<fake::CallLog, std::shared_ptr<fake::CallLog>>(m, "_CallLog")
       .def("calls", &fake::CallLog::calls)
       .def("clear", &fake::CallLog::clear)
-      .def("fail_next", &fake::CallLog::failNext, py::arg("function"));
+      .def("fail_next", &fake::CallLog::failNext, py::arg("function"))
+      .def("hold_events", &fake::CallLog::holdEvents, py::arg("held"));
   m.def(
       "_recording_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -168,21 +169,24 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
       .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
-                       std::optional<std::string> dumpDir, std::optional<int> traceBufferSize) {
+                       std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
+                       std::optional<bool> debugChecks) {
              auto options = c10::make_intrusive<Options>();
              options->highPriorityStreams = highPriorityStreams;
              options->blockingWait = blockingWait;
              options->dumpDir = std::move(dumpDir);
              options->traceBufferSize = traceBufferSize;
+             options->debugChecks = debugChecks;
              return options;
            }),
            py::kw_only(), py::arg("high_priority_streams") = py::none(),
            py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
-           py::arg("trace_buffer_size") = py::none())
+           py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
       .def_readwrite("dump_dir", &Options::dumpDir)
       .def_readwrite("trace_buffer_size", &Options::traceBufferSize)
+      .def_readwrite("debug_checks", &Options::debugChecks)
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");

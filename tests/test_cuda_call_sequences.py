@@ -8,6 +8,7 @@ PreMulSum ops R0.. Everything runs as rank 0 of 3 in this process; roots and pee
 0 show the other ranks' side.
 """
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -37,10 +38,8 @@ CPU = torch.device("cpu")  # the recorded group's "cuda" tensors
 INIT = ["ncclGetUniqueId()", "ncclCommInitRank(nranks=3, rank=0) -> C0"]
 
 
-def recorded_group(high_priority_streams=False):
-    return _C._recording_process_group(
-        dist.HashStore(), 0, SIZE, timedelta(seconds=10), high_priority_streams
-    )
+def recorded_group(high_priority_streams=False, timeout=timedelta(seconds=10)):
+    return _C._recording_process_group(dist.HashStore(), 0, SIZE, timeout, high_priority_streams)
 
 
 def options(kind, async_op=True, **fields):
@@ -506,3 +505,50 @@ def test_a_failed_connection_is_a_backend_error_that_breaks_the_group():
     assert "(injected failure of ncclCommInitRank)" in str(failure.value)
     with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
         pg.broadcast([torch.ones(4)], options(BroadcastOptions, False))
+
+
+def test_the_watchdog_times_out_a_stuck_op_and_aborts_the_communicator():
+    pg, log = recorded_group(timeout=timedelta(milliseconds=200))
+    pg.eager_connect_single_device(CPU)
+    log.hold_events(True)  # the op never completes
+    work = pg.allreduce([torch.ones(4)], options(AllreduceOptions))
+    time.sleep(1.0)  # the watchdog looks every 50 ms
+    assert "ncclCommAbort(C0)" in log.calls()
+    with pytest.raises(dist.DistBackendError, match=r"allreduce #1 \(\[4\], Float\): timed out"):
+        work.wait()
+    with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
+        pg.allreduce([torch.ones(4)], options(AllreduceOptions))
+    log.clear()
+    del pg
+    assert "ncclCommDestroy(C0)" not in log.calls(), "an aborted communicator is not destroyed"
+
+
+def test_an_asynchronous_nccl_error_breaks_the_group():
+    pg, log = recorded_group()
+    pg.eager_connect_single_device(CPU)
+    log.hold_events(True)
+    work = pg.allreduce([torch.ones(4)], options(AllreduceOptions))
+    log.fail_next("ncclCommGetAsyncError")
+    time.sleep(1.0)
+    assert "ncclCommAbort(C0)" in log.calls()
+    with pytest.raises(dist.DistBackendError, match="injected asynchronous error"):
+        work.wait()
+    with pytest.raises(dist.DistBackendError, match="asynchronous NCCL error"):
+        pg.broadcast([torch.ones(4)], options(BroadcastOptions))
+
+
+def test_abort_returns_at_once_and_fails_what_is_in_flight():
+    pg, log = recorded_group()
+    pg.eager_connect_single_device(CPU)
+    log.hold_events(True)
+    works = [pg.allreduce([torch.ones(4)], options(AllreduceOptions)) for _ in range(5)]
+    log.clear()
+    started = time.monotonic()
+    pg.abort()
+    assert time.monotonic() - started < 1
+    assert log.calls() == ["ncclCommAbort(C0)"]
+    for work in works:
+        with pytest.raises(dist.DistBackendError, match="the group was aborted"):
+            work.wait()
+    with pytest.raises(dist.DistBackendError, match="aborted by the caller"):
+        pg.allreduce([torch.ones(4)], options(AllreduceOptions))

@@ -134,3 +134,72 @@ def test_a_dead_peer_is_an_error_within_the_timeout(rank_pools, world_size, asyn
     for detected_after, destroyed_after in results[:-1]:
         assert detected_after < GROUP_TIMEOUT_S + 10, results
         assert destroyed_after < 5, results
+
+
+def _abort(ctx):
+    # Rank 0 has ops in flight that rank 1 never joins; aborting the group returns at once,
+    # the ops fail (the one inside Gloo at Gloo's timeout, the queued ones at once), and the
+    # group refuses later calls.
+    me = ctx.rank
+    group = dist.new_group(backend="streamnccl", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    dist.all_reduce(torch.ones(1), group=group)
+    waited = None
+    if me == 0:
+        works = [dist.all_reduce(torch.ones(4), group=group, async_op=True) for _ in range(5)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        group._get_backend(torch.device("cpu")).abort()
+        aborted_after = time.monotonic() - started
+        assert aborted_after < 1, aborted_after
+        started = time.monotonic()
+        for work in works:
+            with pytest.raises(dist.DistBackendError):
+                work.wait()
+        waited = time.monotonic() - started
+        with pytest.raises(dist.DistBackendError, match="aborted by the caller"):
+            dist.all_reduce(torch.ones(1), group=group)
+    dist.barrier()  # rank 1 keeps its side of the group open until rank 0 is done
+    started = time.monotonic()
+    dist.destroy_process_group(group)
+    return waited, time.monotonic() - started
+
+
+def test_abort_returns_at_once_and_the_group_refuses_later_calls(rank_pools):
+    (waited, destroyed), _ = rank_pools(2).run(_abort)
+    assert waited < GROUP_TIMEOUT_S + 5, waited
+    assert destroyed < 5, destroyed
+
+
+def _mismatched_collectives(ctx):
+    import streamnccl
+
+    me = ctx.rank
+    group = dist.new_group(backend="streamnccl", pg_options=streamnccl.Options(debug_checks=True))
+    x = torch.full((4,), float(me))
+    dist.all_reduce(x, group=group)  # matched: runs as usual
+    assert x[0].item() == 1.0
+    if me == 0:  # point-to-point takes no part in the checks
+        dist.send(torch.ones(1), dst=1, group=group)
+    else:
+        dist.recv(torch.empty(1), src=0, group=group)
+    with pytest.raises(dist.DistBackendError) as mismatch:
+        if me == 0:
+            dist.all_reduce(torch.ones(4), group=group)
+        else:
+            dist.broadcast(torch.ones(4), src=0, group=group)
+    mine, theirs = ("allreduce", "broadcast") if me == 0 else ("broadcast", "allreduce")
+    assert (
+        f"debug check failed: this rank issued {mine} ([4], Float) but rank {1 - me} issued "
+        f"{theirs} ([4], Float)"
+    ) in str(mismatch.value)
+    dist.destroy_process_group(group)
+
+    group = dist.new_group(backend="streamnccl", pg_options=streamnccl.Options(debug_checks=True))
+    with pytest.raises(dist.DistBackendError, match=r"issued allreduce \(\[\d\], Float\) but"):
+        dist.all_reduce(torch.ones(4 + me), group=group)  # shapes differ
+    dist.destroy_process_group(group)
+    return True
+
+
+def test_debug_checks_name_both_sides_of_a_mismatch(rank_pools):
+    assert rank_pools(2).run(_mismatched_collectives) == [True, True]

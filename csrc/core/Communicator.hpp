@@ -66,6 +66,9 @@ class Communicator {
   // peers') fail instead of waiting forever. Called from the watchdog thread; no call may be
   // made afterwards.
   virtual void abort() = 0;
+  // A fault the communicator found on its own, outside any call (NCCL's asynchronous
+  // errors), described; empty when there is none. Polled by the watchdog.
+  virtual std::string asyncError() = 0;
 };
 
 }  // namespace streamnccl

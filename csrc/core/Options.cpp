@@ -94,6 +94,9 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   if (!resolved->blockingWait) {
     resolved->blockingWait = boolFromEnv("STREAMNCCL_BLOCKING_WAIT").value_or(false);
   }
+  if (!resolved->debugChecks) {
+    resolved->debugChecks = boolFromEnv("STREAMNCCL_DEBUG_CHECKS").value_or(false);
+  }
   if (!resolved->dumpDir) {
     resolved->dumpDir = stringFromEnv("STREAMNCCL_DUMP_DIR");
   }

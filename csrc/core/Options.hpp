@@ -28,6 +28,10 @@ class Options : public c10d::Backend::Options {
   std::optional<std::string> dumpDir;
   // STREAMNCCL_TRACE_BUFFER_SIZE: how many of the latest ops the flight recorder keeps.
   std::optional<int> traceBufferSize;
+  // STREAMNCCL_DEBUG_CHECKS: before each collective, every rank checks through the Store that
+  // all ranks issue the same op with compatible shapes, and raises naming both sides if not.
+  // Slow (a Store round trip per op); for finding mismatched collectives.
+  std::optional<bool> debugChecks;
 
   // Test-only, STREAMNCCL_TEST_FAULT="rank=R,op=N,action=fail" or "...,action=delay,ms=M":
   // op number N (counted from 1) of every group on rank R fails with a DistBackendError, or
@@ -46,6 +50,7 @@ class Options : public c10d::Backend::Options {
 
   bool useHighPriorityStreams() const { return highPriorityStreams.value_or(false); }
   bool useBlockingWait() const { return blockingWait.value_or(false); }
+  bool useDebugChecks() const { return debugChecks.value_or(false); }
   size_t flightRecorderCapacity() const { return static_cast<size_t>(traceBufferSize.value_or(0)); }
 };
 

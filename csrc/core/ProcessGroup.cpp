@@ -3,8 +3,11 @@
 #include "core/Errors.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
 
 #include <algorithm>
+#include <sstream>
 
 namespace streamnccl {
 namespace {
@@ -20,10 +23,11 @@ std::vector<c10::Device> futureDevices(const c10::Device& device) {
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
-                           PathFactories factories)
+                           PathFactories factories, c10::intrusive_ptr<c10d::Store> store)
     : c10d::Backend(rank, size),
       options_(std::move(options)),
       factories_(std::move(factories)),
+      store_(std::move(store)),
       health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)),
       watchdog_([this] { watch(); }) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
@@ -83,6 +87,46 @@ void ProcessGroup::checkInFlight() {
     health_->recorder().failed(work->info().seq, reason);
     breakGroup(work->exception());
   }
+  if (const std::string error = asyncCommunicatorError(); !error.empty()) {
+    failInFlight(error);
+    breakGroup(makeDistBackendError(who() + " " + error));
+  }
+}
+
+std::string ProcessGroup::asyncCommunicatorError() {
+  std::lock_guard<std::mutex> lock(pathsMutex_);
+  for (auto& [device, path] : paths_) {
+    if (auto error = path->communicator->asyncError(); !error.empty()) {
+      return error;
+    }
+  }
+  for (auto& [device, peers] : lanes_) {
+    for (auto& [peer, lanes] : peers) {
+      for (Path* lane : {lanes.sends.get(), lanes.receives.get()}) {
+        if (auto error = lane->communicator->asyncError(); !error.empty()) {
+          return error;
+        }
+      }
+    }
+  }
+  return {};
+}
+
+void ProcessGroup::failInFlight(const std::string& reason) {
+  std::deque<c10::intrusive_ptr<Work>> failing;
+  {
+    std::lock_guard<std::mutex> lock(inFlightMutex_);
+    failing.swap(inFlight_);
+  }
+  for (const auto& work : failing) {
+    work->fail(reason);
+    health_->recorder().failed(work->info().seq, reason);
+  }
+}
+
+void ProcessGroup::abort() {
+  failInFlight("the group was aborted");
+  breakGroup(makeDistBackendError(who() + " aborted by the caller"));
 }
 
 void ProcessGroup::breakGroup(std::exception_ptr error) {
@@ -243,6 +287,9 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
                                 launch.blockHostOnWait || options_->useBlockingWait());
 
   health_->recorder().queued(info);
+  if (options_->useDebugChecks()) {
+    checkSameOpOnEveryRank(info, launch.opType);
+  }
   injectTestFault(info, steps);
 
   Device& device = *path.device;
@@ -291,6 +338,43 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   work->setEnd(std::move(end), std::move(inUse));
   trackInFlight(work);
   return work;
+}
+
+void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opType) {
+  using c10d::OpType;
+  // Point-to-point ops, alone or batched, involve only some ranks: nothing to match.
+  if (opType == OpType::SEND || opType == OpType::RECV || opType == OpType::COALESCED) {
+    return;
+  }
+  TORCH_CHECK(store_, "streamnccl: debug checks need the group's Store");
+  // Ops whose tensors may differ in shape between ranks are matched by name and dtype only.
+  const bool shapesMatch = opType != OpType::ALLTOALL_BASE && opType != OpType::ALLTOALL &&
+                           opType != OpType::GATHER && opType != OpType::SCATTER;
+  std::ostringstream mine;
+  mine << info.name << " (";
+  if (shapesMatch) {
+    mine << "[" << c10::Join(", ", info.shape) << "], ";
+  }
+  mine << c10::toString(info.dtype) << ")";
+  const std::string prefix = "streamnccl/debug/" + std::to_string(++checkedCollectives_) + "/";
+  const std::string text = mine.str();
+  store_->set(prefix + std::to_string(getRank()), std::vector<uint8_t>(text.begin(), text.end()));
+  for (const auto peer : c10::irange(getSize())) {
+    if (peer == getRank()) {
+      continue;
+    }
+    const auto bytes = store_->get(prefix + std::to_string(peer));
+    const std::string theirs(bytes.begin(), bytes.end());
+    if (theirs != text) {
+      auto error =
+          makeDistBackendError(info.describe() + ": debug check failed: this rank issued " + text +
+                               " but rank " + std::to_string(peer) + " issued " + theirs +
+                               " as collective #" + std::to_string(checkedCollectives_));
+      health_->recorder().failed(info.seq, describeException(error));
+      health_->breakWith(groupInfo(), error);
+      std::rethrow_exception(error);
+    }
+  }
 }
 
 void ProcessGroup::injectTestFault(const OpInfo& info, Steps& steps) const {

@@ -28,8 +28,9 @@ class ProcessGroup final : public c10d::Backend {
  public:
   using PathFactories = std::unordered_map<c10::DeviceType, std::unique_ptr<PathFactory>>;
 
+  // `store`: where the debug checks meet (Options::debugChecks); may be null without them.
   ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
-               PathFactories factories);
+               PathFactories factories, c10::intrusive_ptr<c10d::Store> store = nullptr);
   ~ProcessGroup() override;
 
   const std::string getBackendName() const override { return kBackendName; }
@@ -44,6 +45,9 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  // Breaks the group at once: in-flight ops fail, communicators are aborted, and every later
+  // call raises. Returns without waiting for anything.
+  void abort() override;
   // Sequence numbers start at 0 in every group; there is nothing to agree on.
   void setSequenceNumberForGroup() override {}
   // Opens the path for `device` now (on CUDA: creates the NCCL communicator) instead of at
@@ -157,6 +161,9 @@ class ProcessGroup final : public c10d::Backend {
   void trackInFlight(c10::intrusive_ptr<Work> work);
   // Drops the in-flight ops that have completed. Called with inFlightMutex_ held.
   void releaseCompleted();
+  // Options::debugChecks: raises (and breaks the group) unless every rank issues this same
+  // collective, with the same shape where the op needs one.
+  void checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opType);
   // Test-only (Options::testFault): makes this op fail or start late on the chosen rank.
   void injectTestFault(const OpInfo& info, Steps& steps) const;
   // The watchdog thread: every period, releases completed async ops and fails those past
@@ -166,12 +173,18 @@ class ProcessGroup final : public c10d::Backend {
   // After a timeout: the group is broken with `error` (later calls raise it at once), the
   // flight recorder is dumped, and every communicator aborted so peers fail fast too.
   void breakGroup(std::exception_ptr error);
+  // The first asynchronous error of any of the group's communicators, or empty.
+  std::string asyncCommunicatorError();
+  // Fails every in-flight op with `reason` (their waiters raise) and stops tracking them.
+  void failInFlight(const std::string& reason);
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
   c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
 
   const c10::intrusive_ptr<streamnccl::Options> options_;
   const PathFactories factories_;
+  const c10::intrusive_ptr<c10d::Store> store_;
+  uint64_t checkedCollectives_ = 0;  // the debug checks' own count: p2p ops do not take part
 
   mutable std::mutex pathsMutex_;
   std::unordered_map<c10::Device, std::unique_ptr<Path>> paths_;

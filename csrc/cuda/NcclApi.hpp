@@ -24,6 +24,7 @@ class NcclApi {
                                     c10::Device device) = 0;
   virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
   virtual ncclResult_t commAbort(ncclComm_t comm) = 0;
+  virtual ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) = 0;
   virtual const char* getErrorString(ncclResult_t result) = 0;
   virtual const char* getLastError(ncclComm_t comm) = 0;
 

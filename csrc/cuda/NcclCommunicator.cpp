@@ -248,6 +248,24 @@ void NcclCommunicator::abort() {
   }
 }
 
+std::string NcclCommunicator::asyncError() {
+  ncclComm_t comm = comm_.load();
+  if (comm == nullptr) {
+    return {};
+  }
+  ncclResult_t asyncResult = ncclSuccess;
+  const ncclResult_t result = nccl_->commGetAsyncError(comm, &asyncResult);
+  if (result != ncclSuccess) {
+    return who_ + " ncclCommGetAsyncError failed: " + nccl_->getErrorString(result);
+  }
+  if (asyncResult == ncclSuccess || asyncResult == ncclInProgress) {
+    return {};
+  }
+  const char* detail = nccl_->getLastError(comm);
+  return who_ + " asynchronous NCCL error: " + nccl_->getErrorString(asyncResult) +
+         (detail && *detail ? std::string(" (") + detail + ")" : "");
+}
+
 int ncclCompiledVersion() { return NCCL_VERSION_CODE; }
 
 int ncclLoadedVersion() {

@@ -52,6 +52,7 @@ class NcclCommunicator final : public Communicator {
   void groupStart() override;
   void groupEnd() override;
   void abort() override;
+  std::string asyncError() override;
 
  private:
   class ScopedRedOp;

@@ -18,6 +18,9 @@ class NcclLibrary final : public NcclApi {
   }
   ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
   ncclResult_t commAbort(ncclComm_t comm) override { return ncclCommAbort(comm); }
+  ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) override {
+    return ncclCommGetAsyncError(comm, asyncError);
+  }
   const char* getErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
   const char* getLastError(ncclComm_t comm) override { return ncclGetLastError(comm); }
 

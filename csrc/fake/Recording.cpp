@@ -210,6 +210,16 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t comm) {
   return outcome("ncclCommAbort");
 }
 
+ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t /*comm*/, ncclResult_t* asyncError) {
+  *asyncError = ncclSuccess;
+  if (log_->takeFailure("ncclCommGetAsyncError")) {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    lastError_ = "injected asynchronous error";
+    *asyncError = ncclRemoteError;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t RecordingNccl::allReduce(const void*, void*, size_t count, ncclDataType_t datatype,
                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   log_->add("ncclAllReduce(count=" + std::to_string(count) + ", " + typeName(datatype) + ", " +

@@ -9,6 +9,7 @@
 #include "cuda/CudaApi.hpp"
 #include "cuda/NcclApi.hpp"
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -25,11 +26,15 @@ class CallLog {
   // ncclInternalError, and ncclGetLastError then says so.
   void failNext(std::string function);
   bool takeFailure(const std::string& function);
+  // While held, no event completes: the ops recorded since look stuck.
+  void holdEvents(bool held) { eventsHeld_ = held; }
+  bool eventsHeld() const { return eventsHeld_; }
 
  private:
   mutable std::mutex mutex_;
   std::vector<std::string> calls_;
   std::vector<std::string> failing_;
+  std::atomic<bool> eventsHeld_{false};
 };
 
 class RecordingCuda final : public CudaApi {
@@ -46,7 +51,8 @@ class RecordingCuda final : public CudaApi {
   void destroyEvent(const c10::Device&, cudaEvent_t) override {}
   void recordEvent(cudaEvent_t event, c10::Stream stream) override;
   void streamWaitEvent(c10::Stream stream, cudaEvent_t event) override;
-  bool queryEvent(cudaEvent_t) override { return true; }  // nothing runs, so all has run
+  // Nothing runs, so everything has run, unless the log holds events back.
+  bool queryEvent(cudaEvent_t) override { return !log_->eventsHeld(); }
 
  private:
   const std::shared_ptr<CallLog> log_;
@@ -66,6 +72,9 @@ class RecordingNccl final : public NcclApi {
                             c10::Device device) override;
   ncclResult_t commDestroy(ncclComm_t comm) override;
   ncclResult_t commAbort(ncclComm_t comm) override;
+  // Polled by the watchdog, so not written to the log; an injected failure of
+  // "ncclCommGetAsyncError" reports an asynchronous ncclRemoteError once.
+  ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) override;
   const char* getErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
   const char* getLastError(ncclComm_t comm) override;
 

@@ -1,5 +1,7 @@
 #include "host/HostCommunicator.hpp"
 
+#include "core/Errors.hpp"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -45,6 +47,7 @@ HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int t
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
                                  const ReduceOp& op, c10::Stream /*stream: the calling thread*/) {
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
@@ -53,6 +56,7 @@ void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream /*stream*/) {
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -61,6 +65,7 @@ void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
                                  c10::Stream /*stream*/) {
+  refuseIfAborted();
   // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
@@ -69,6 +74,7 @@ void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                               int root, c10::Stream /*stream*/) {
+  refuseIfAborted();
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
                                                            : input.clone()};
@@ -80,6 +86,7 @@ void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
                                      const ReduceOp& op, c10::Stream /*stream*/) {
+  refuseIfAborted();
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
   c10d::ReduceScatterOptions opts;
@@ -91,13 +98,21 @@ void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
 // with the same tag in the order they were posted, and each stream posts in program order,
 // so one tag per concurrently running stream is enough.
 void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{input};
   complete(gloo_->send(tensors, peer, tag_));
 }
 
 void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{output};
   complete(gloo_->recv(tensors, peer, tag_));
+}
+
+void HostCommunicator::refuseIfAborted() const {
+  if (aborted_) {
+    throwDistBackendError("the host communicator was aborted");
+  }
 }
 
 void HostCommunicator::groupStart() { ++groupDepth_; }

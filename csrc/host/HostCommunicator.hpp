@@ -2,6 +2,8 @@
 
 #include "core/Communicator.hpp"
 
+#include <atomic>
+
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace streamnccl {
@@ -32,16 +34,20 @@ class HostCommunicator final : public Communicator {
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
   void groupStart() override;
   void groupEnd() override;
-  // Gloo cannot be interrupted through c10d's Backend; a blocked Gloo op ends at its own
-  // timeout, the group's, so there is nothing to stop.
-  void abort() override {}
+  // Gloo cannot be interrupted through c10d's Backend: a blocked Gloo op ends at its own
+  // timeout, the group's. Calls after abort() fail at once instead of reaching Gloo.
+  void abort() override { aborted_ = true; }
+  // Gloo reports every fault through the op that meets it.
+  std::string asyncError() override { return {}; }
 
  private:
   // Outside a group a Gloo op is waited on at once; inside one, at the outermost groupEnd().
   void complete(c10::intrusive_ptr<c10d::Work> work);
+  void refuseIfAborted() const;
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   const int tag_;
+  std::atomic<bool> aborted_{false};
   // Touched only by the host stream's executor, one task at a time.
   int groupDepth_ = 0;
   std::vector<c10::intrusive_ptr<c10d::Work>> grouped_;

@@ -10,6 +10,7 @@ class Options(dist.Backend.Options):
     blocking_wait: bool | None
     dump_dir: str | None
     trace_buffer_size: int | None
+    debug_checks: bool | None
     def __init__(
         self,
         *,
@@ -17,6 +18,7 @@ class Options(dist.Backend.Options):
         blocking_wait: bool | None = None,
         dump_dir: str | None = None,
         trace_buffer_size: int | None = None,
+        debug_checks: bool | None = None,
     ) -> None: ...
     def resolved(self) -> Options: ...
 
