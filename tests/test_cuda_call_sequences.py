@@ -75,18 +75,22 @@ def test_async_all_reduce_follows_the_stream_contract():
     ]
 
 
+# After a sync op, only an event for the watchdog; no stream waits.
+SYNC_END = ["cudaEventCreate() -> E1", "cudaEventRecord(E1, S0)"]
+
+
 def test_sync_op_is_one_call_on_the_callers_stream():
     pg, log = recorded_group()
     x = torch.ones(4)
     calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions, False)))
-    assert calls == [*INIT, "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S0)"]
+    assert calls == [*INIT, "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S0)", *SYNC_END]
 
 
 def test_events_are_pooled_and_the_internal_stream_made_once():
     pg, log = recorded_group()
     x = torch.ones(4)
-    # The group lets go of a finished Work at the next async launch, after that launch has
-    # taken its events: the pool fills over the first two ops, then serves every later one.
+    # The group lets go of finished Works when the next op is launched, before that op takes
+    # its events: after the first op's two events and stream, no op makes anything.
     made = []
     for _ in range(6):
         calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
@@ -94,7 +98,7 @@ def test_events_are_pooled_and_the_internal_stream_made_once():
         assert [c for c in calls if c.startswith("ncclAllReduce")] == [
             "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S1)"
         ]
-    assert made == [3, 1, 0, 0, 0, 0]
+    assert made == [3, 0, 0, 0, 0, 0]
 
 
 def test_high_priority_internal_streams_on_request():
@@ -409,7 +413,7 @@ def test_every_op_makes_exactly_these_calls(call, nccl_calls, async_op):
     if async_op:
         assert calls == async_sequence([c.format(s="S1") for c in nccl_calls])
     else:
-        assert calls == [*INIT, *(c.format(s="S0") for c in nccl_calls)]
+        assert calls == [*INIT, *(c.format(s="S0") for c in nccl_calls), *SYNC_END]
 
 
 @pytest.mark.parametrize(
@@ -474,7 +478,7 @@ def test_eager_connect_opens_the_communicator_at_once():
     pg.eager_connect_single_device(CPU)
     assert log.calls() == INIT
     calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(2)], options(AllreduceOptions, False)))
-    assert calls == ["ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S0)"]
+    assert calls == ["ncclAllReduce(count=2, ncclFloat32, ncclSum, C0, S0)", *SYNC_END]
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -552,3 +556,16 @@ def test_abort_returns_at_once_and_fails_what_is_in_flight():
             work.wait()
     with pytest.raises(dist.DistBackendError, match="aborted by the caller"):
         pg.allreduce([torch.ones(4)], options(AllreduceOptions))
+
+
+def test_the_watchdog_times_out_a_stuck_sync_op_too():
+    # A sync op returns once enqueued; if it never completes on the caller's stream, the
+    # watchdog still sees its end event pass the deadline.
+    pg, log = recorded_group(timeout=timedelta(milliseconds=200))
+    pg.eager_connect_single_device(CPU)
+    log.hold_events(True)
+    pg.allreduce([torch.ones(4)], options(AllreduceOptions, False)).wait()  # returns at once
+    time.sleep(1.0)
+    assert "ncclCommAbort(C0)" in log.calls()
+    with pytest.raises(dist.DistBackendError, match=r"allreduce #1 \(\[4\], Float\): timed out"):
+        pg.allreduce([torch.ones(4)], options(AllreduceOptions, False))

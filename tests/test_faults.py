@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 
@@ -112,7 +113,12 @@ def test_the_watchdog_fails_an_op_past_its_deadline(rank_pools):
 
 def _dead_peer(ctx, async_op):
     n, me = ctx.world_size, ctx.rank
-    group = dist.new_group(backend="streamnccl", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
+    group = dist.new_group(
+        backend="streamnccl",
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+        pg_options=streamnccl.Options(dump_dir=dump_dir),
+    )
     dist.all_reduce(torch.ones(1), group=group)
     if me == n - 1:
         os._exit(0)  # the peer dies between two collectives
@@ -122,6 +128,10 @@ def _dead_peer(ctx, async_op):
         if async_op:
             work.wait()
     detected_after = time.monotonic() - started
+    (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{me}_pg*.json"))
+    with open(dump) as file:
+        assert json.load(file)["ops"][-1]["state"] == "failed"
+    shutil.rmtree(dump_dir)
     started = time.monotonic()
     dist.destroy_process_group(group)
     return detected_after, time.monotonic() - started
@@ -171,8 +181,6 @@ def test_abort_returns_at_once_and_the_group_refuses_later_calls(rank_pools):
 
 
 def _mismatched_collectives(ctx):
-    import streamnccl
-
     me = ctx.rank
     group = dist.new_group(backend="streamnccl", pg_options=streamnccl.Options(debug_checks=True))
     x = torch.full((4,), float(me))

@@ -92,3 +92,15 @@ def _teardown_with_work_in_flight(ctx):
 def test_destroying_a_group_with_work_in_flight_leaves_nothing_behind(rank_pools, world_size):
     leftovers = rank_pools(world_size).run(_teardown_with_work_in_flight)
     assert leftovers == [(0, 0)] * world_size, f"(threads, fds) left per rank: {leftovers}"
+
+
+def test_ranks_exit_cleanly_after_destroying_groups_with_work_in_flight():
+    from conftest import BACKEND, TIMEOUT_S
+    from rankpool import RankPool
+
+    pool = RankPool(2, BACKEND, TIMEOUT_S)
+    try:
+        pool.run(_teardown_with_work_in_flight)
+    finally:
+        exit_codes = pool.close()
+    assert exit_codes == [0, 0]

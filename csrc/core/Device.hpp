@@ -4,7 +4,8 @@
 // through there. Per process group and device:
 //
 //  1. async_op=False: the op is enqueued on the caller's current stream. No internal stream,
-//     no events. The host returns once the op is enqueued, not when it has run.
+//     and no stream ever waits for an event; one event `end` is recorded after the op so the
+//     watchdog can time it out. The host returns once the op is enqueued, not when it has run.
 //  2. async_op=True: an event `ready` is recorded on the caller's current stream and the
 //     internal stream waits on it (the host never blocks); the op is enqueued on the internal
 //     stream; an event `end` is recorded after it and kept by the returned Work.

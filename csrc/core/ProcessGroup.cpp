@@ -270,6 +270,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               std::shared_ptr<OpOutcome> outcome) {
   health_->raiseIfBroken(groupInfo(), launch.op);
+  {
+    // Earlier ops that have completed are recorded so before this one is queued.
+    std::lock_guard<std::mutex> lock(inFlightMutex_);
+    releaseCompleted();
+  }
   OpInfo info{launch.op,
               ++seq_,
               getRank(),
@@ -298,18 +303,14 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   // The task holds its communicator and tensors until it has run, whatever the caller drops.
   // A failure in it breaks the group: its ranks can no longer be assumed in step.
   auto task = [outcome, info, steps = std::move(steps), communicator = path.communicator,
-               outputs = launch.outputs, opStream, health = health_, async = launch.async,
-               group = groupInfo()]() {
+               outputs = launch.outputs, opStream, health = health_, group = groupInfo()]() {
     health->recorder().started(info.seq);
     try {
       steps.issue(*communicator, opStream);
       if (steps.finish) {
         steps.finish();
       }
-      outcome->succeed(outputs);
-      if (!async) {
-        health->recorder().completed(info.seq);  // on CUDA: issued; sync ops have no events
-      }
+      outcome->succeed(outputs);  // completed is recorded when its end event has passed
     } catch (...) {
       outcome->fail(info, std::current_exception());
       health->recorder().failed(info.seq, describeException(std::current_exception()));
@@ -323,6 +324,12 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
     if (auto failure = outcome->failure()) {
       std::rethrow_exception(failure);
     }
+    // Its end is marked for the watchdog, so that a sync op stuck on the caller's stream
+    // times out too; nothing ever waits on this event.
+    auto end = device.createEvent();
+    end->record(current);
+    work->setEnd(std::move(end), {}, /*joinOnWait=*/false);
+    trackInFlight(work);
     return work;
   }
 
@@ -335,7 +342,7 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
 
   std::vector<at::Tensor> inUse = std::move(launch.inputs);
   inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
-  work->setEnd(std::move(end), std::move(inUse));
+  work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);
   trackInFlight(work);
   return work;
 }

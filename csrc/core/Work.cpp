@@ -48,13 +48,12 @@ void Work::fail(const std::string& reason) {
   outcome_->fail(info_, std::make_exception_ptr(std::runtime_error(reason)));
 }
 
-void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse) {
+void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait) {
   end_ = std::move(end);
+  joinOnWait_ = joinOnWait;
   inUse_ = std::move(inUse);
 }
 
-// A sync op has no end event: it counts as completed for the caller's stream, where it was
-// enqueued and where everything after it is ordered (on the host it has already run).
 bool Work::isCompleted() { return end_ == nullptr || end_->query(); }
 
 bool Work::isSuccess() const { return outcome_->failure() == nullptr; }
@@ -64,7 +63,7 @@ std::exception_ptr Work::exception() const { return outcome_->failure(); }
 std::vector<at::Tensor> Work::result() { return outputs_; }
 
 void Work::synchronize() {
-  if (end_) {
+  if (end_ && joinOnWait_) {
     end_->block(device_->currentStream());
   }
 }
@@ -79,7 +78,9 @@ bool Work::wait(std::chrono::milliseconds timeout) {
       }
     }
     // The caller's stream at the time of wait() joins the op; on CUDA the host goes on.
-    end_->block(device_->currentStream());
+    if (joinOnWait_) {
+      end_->block(device_->currentStream());
+    }
     releaseIfCompleted();
   }
   if (auto failure = outcome_->failure()) {

@@ -46,9 +46,10 @@ class Work : public c10d::Work {
        std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
        std::chrono::milliseconds timeout, bool blockHostOnWait);
 
-  // For async ops: the event after the op on the internal stream, and every tensor the op
-  // touches, held until that event has completed.
-  void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse);
+  // The event after the op on its stream, and every tensor the op touches, held until that
+  // event has completed. `joinOnWait`: wait() makes the caller's stream wait for `end`
+  // (async ops); a sync op's `end` is on the caller's stream already, and only watched.
+  void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -76,7 +77,8 @@ class Work : public c10d::Work {
   const std::chrono::steady_clock::time_point deadline_;
   const bool blockHostOnWait_;
 
-  std::unique_ptr<Event> end_;  // null for sync ops: they add no events
+  std::unique_ptr<Event> end_;
+  bool joinOnWait_ = true;
   std::mutex inUseMutex_;
   std::vector<at::Tensor> inUse_;
 };
