@@ -195,6 +195,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout"), py::arg("options"), py::arg("gloo"))
       .def_property_readonly("streamnccl_options", &ProcessGroup::options)
+      .def("_stop_watchdog", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>())
       // torch calls this on a group's non-members when a bound group splits; it is how NCCL
       // backends take part in ncclCommSplit. streamnccl makes a subgroup's communicators from
       // scratch, among its members only, so there is nothing to do.
@@ -202,6 +203,8 @@ PYBIND11_MODULE(_C, m) {
           "perform_nocolor_split", [](ProcessGroup&, const c10::Device&) {}, py::arg("device"));
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
+  m.def("_stop_all_watchdogs", &ProcessGroup::shutdownAll, py::call_guard<py::gil_scoped_release>(),
+        "Stops the watchdog of every live group; registered to run at interpreter exit.");
   bindSimulation(m);
 #ifdef STREAMNCCL_WITH_NCCL
   bindRecording(m);

@@ -8,9 +8,17 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_set>
 
 namespace streamnccl {
 namespace {
+
+// Every group alive in this process, for shutdownAll().
+std::mutex liveGroupsMutex;
+std::unordered_set<ProcessGroup*>& liveGroups() {
+  static auto* groups = new std::unordered_set<ProcessGroup*>();  // never destroyed: used at exit
+  return *groups;
+}
 
 std::vector<c10::Device> futureDevices(const c10::Device& device) {
   // A CPU future needs no devices: it is completed only once its values are ready.
@@ -28,19 +36,40 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
       options_(std::move(options)),
       factories_(std::move(factories)),
       store_(std::move(store)),
-      health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)),
-      watchdog_([this] { watch(); }) {
+      health_(
+          std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
                     " is not in [0, ", size, ")");
+  watchdog_ = std::thread([this] { watch(); });  // last: once nothing can throw
+  std::lock_guard<std::mutex> lock(liveGroupsMutex);
+  liveGroups().insert(this);
 }
 
-ProcessGroup::~ProcessGroup() {
+void ProcessGroup::shutdownAll() {
+  std::lock_guard<std::mutex> lock(liveGroupsMutex);
+  for (ProcessGroup* group : liveGroups()) {
+    group->shutdown();
+  }
+}
+
+void ProcessGroup::shutdown() {
   {
     std::lock_guard<std::mutex> lock(watchdogMutex_);
     stopping_ = true;
   }
   watchdogWake_.notify_all();
-  watchdog_.join();
+  std::lock_guard<std::mutex> lock(watchdogJoinMutex_);
+  if (watchdog_.joinable()) {
+    watchdog_.join();
+  }
+}
+
+ProcessGroup::~ProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(liveGroupsMutex);
+    liveGroups().erase(this);
+  }
+  shutdown();
   // Paths go next; each device finishes what its streams hold before it stops.
   std::lock_guard<std::mutex> lock(pathsMutex_);
   lanes_.clear();

@@ -48,6 +48,12 @@ class ProcessGroup final : public c10d::Backend {
   // Breaks the group at once: in-flight ops fail, communicators are aborted, and every later
   // call raises. Returns without waiting for anything.
   void abort() override;
+  // Stops the watchdog thread (idempotent; destruction does it too). Python calls it at exit
+  // for groups still alive then: a thread that releases tensors needs the GIL, which a
+  // finalizing interpreter no longer gives.
+  void shutdown() override;
+  // shutdown() of every group alive in this process.
+  static void shutdownAll();
   // Sequence numbers start at 0 in every group; there is nothing to agree on.
   void setSequenceNumberForGroup() override {}
   // Opens the path for `device` now (on CUDA: creates the NCCL communicator) instead of at
@@ -212,7 +218,8 @@ class ProcessGroup final : public c10d::Backend {
   std::mutex watchdogMutex_;
   std::condition_variable watchdogWake_;
   bool stopping_ = false;
-  std::thread watchdog_;  // last: started once everything it reads exists
+  std::mutex watchdogJoinMutex_;
+  std::thread watchdog_;  // started at the end of construction
 };
 
 }  // namespace streamnccl

@@ -6,6 +6,7 @@ Importing this package registers the backend ``"streamnccl"`` for cpu and cuda t
     torch.distributed.init_process_group("streamnccl")
 """
 
+import atexit
 from datetime import timedelta
 
 import torch
@@ -52,6 +53,11 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
         timeout = timedelta(seconds=float(timeout))
     gloo = dist.ProcessGroupGloo(dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, timeout)
     return ProcessGroup(store, rank, size, timeout, pg_options, gloo)
+
+
+# Groups still alive at exit (a model holding one, say) have their watchdogs stopped first:
+# once the interpreter finalizes, a thread that drops a tensor cannot take the GIL.
+atexit.register(_C._stop_all_watchdogs)
 
 
 dist.Backend.register_backend(
