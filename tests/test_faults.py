@@ -211,3 +211,42 @@ def _mismatched_collectives(ctx):
 
 def test_debug_checks_name_both_sides_of_a_mismatch(rank_pools):
     assert rank_pools(2).run(_mismatched_collectives) == [True, True]
+
+
+def _skipping_peer(ctx, async_op):
+    # The last rank simply never calls op 2; the others time out on it and dump.
+    n, me = ctx.world_size, ctx.rank
+    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
+    group = dist.new_group(
+        backend="streamnccl",
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+        pg_options=streamnccl.Options(dump_dir=dump_dir),
+    )
+    dist.all_reduce(torch.ones(1), group=group)
+    detected_after = None
+    if me != n - 1:
+        started = time.monotonic()
+        with pytest.raises(dist.DistBackendError, match=r"allreduce #2 \(\[4\], Float\)"):
+            work = dist.all_reduce(torch.ones(4), group=group, async_op=async_op)
+            if async_op:
+                work.wait()
+        detected_after = time.monotonic() - started
+        (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{me}_pg*.json"))
+        with open(dump) as file:
+            last = json.load(file)["ops"][-1]
+        assert (last["seq"], last["op"], last["state"]) == (2, "allreduce", "failed"), last
+    dist.barrier()  # the skipping rank keeps its side open until the others are done
+    dist.destroy_process_group(group)
+    shutil.rmtree(dump_dir)
+    return detected_after
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_peer_that_skips_a_collective_is_an_error_within_the_timeout(
+    rank_pools, world_size, async_op
+):
+    detected_after = rank_pools(world_size).run(_skipping_peer, async_op)[:-1]
+    assert all(GROUP_TIMEOUT_S - 1 < t < GROUP_TIMEOUT_S + 10 for t in detected_after), (
+        detected_after
+    )
