@@ -86,3 +86,14 @@ def test_options_reject_a_malformed_environment_value(monkeypatch):
     monkeypatch.setenv("STREAMNCCL_BLOCKING_WAIT", "maybe")
     with pytest.raises(ValueError, match="STREAMNCCL_BLOCKING_WAIT='maybe' is not a boolean"):
         streamnccl.Options().resolved()
+
+
+def test_options_reject_bad_fault_handling_settings(monkeypatch):
+    with pytest.raises(ValueError, match="trace_buffer_size is -1"):
+        streamnccl.Options(trace_buffer_size=-1).resolved()
+    monkeypatch.setenv("STREAMNCCL_TEST_FAULT", "rank=one,op=2")
+    with pytest.raises(ValueError, match="STREAMNCCL_TEST_FAULT rank='one' is not a non-negative"):
+        streamnccl.Options().resolved()
+    monkeypatch.setenv("STREAMNCCL_TEST_FAULT", "rank=1,op=2,action=explode")
+    with pytest.raises(ValueError, match="action is 'explode', expected fail or delay"):
+        streamnccl.Options().resolved()

@@ -28,6 +28,23 @@ def faulty_group(dump_dir):
         del os.environ["STREAMNCCL_DUMP_DIR"], os.environ["STREAMNCCL_TEST_FAULT"]
 
 
+def group_with_dump(rank):
+    """A group with a short timeout that dumps its flight recorder to a fresh directory."""
+    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{rank}-")
+    group = dist.new_group(
+        backend="streamnccl",
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+        pg_options=streamnccl.Options(dump_dir=dump_dir),
+    )
+    return group, dump_dir
+
+
+def read_dump(dump_dir, rank):
+    (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{rank}_pg*.json"))
+    with open(dump) as file:
+        return json.load(file)
+
+
 def _silent_peer(ctx, async_op):
     n, me = ctx.world_size, ctx.rank
     dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
@@ -55,9 +72,7 @@ def _silent_peer(ctx, async_op):
     assert time.monotonic() - started < 1
 
     # The flight recorder's dump names the failed op, after the one that completed.
-    (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{me}_pg*.json"))
-    with open(dump) as file:
-        record = json.load(file)
+    record = read_dump(dump_dir, me)
     assert (record["rank"], record["size"]) == (me, n)
     assert "allreduce #2" in record["cause"]
     states = [(op["seq"], op["op"], op["state"]) for op in record["ops"]]
@@ -113,12 +128,7 @@ def test_the_watchdog_fails_an_op_past_its_deadline(rank_pools):
 
 def _dead_peer(ctx, async_op):
     n, me = ctx.world_size, ctx.rank
-    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
-    group = dist.new_group(
-        backend="streamnccl",
-        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
-        pg_options=streamnccl.Options(dump_dir=dump_dir),
-    )
+    group, dump_dir = group_with_dump(me)
     dist.all_reduce(torch.ones(1), group=group)
     if me == n - 1:
         os._exit(0)  # the peer dies between two collectives
@@ -128,9 +138,7 @@ def _dead_peer(ctx, async_op):
         if async_op:
             work.wait()
     detected_after = time.monotonic() - started
-    (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{me}_pg*.json"))
-    with open(dump) as file:
-        assert json.load(file)["ops"][-1]["state"] == "failed"
+    assert read_dump(dump_dir, me)["ops"][-1]["state"] == "failed"
     shutil.rmtree(dump_dir)
     started = time.monotonic()
     dist.destroy_process_group(group)
@@ -216,12 +224,7 @@ def test_debug_checks_name_both_sides_of_a_mismatch(rank_pools):
 def _skipping_peer(ctx, async_op):
     # The last rank simply never calls op 2; the others time out on it and dump.
     n, me = ctx.world_size, ctx.rank
-    dump_dir = tempfile.mkdtemp(prefix=f"streamnccl-dump-rank{me}-")
-    group = dist.new_group(
-        backend="streamnccl",
-        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
-        pg_options=streamnccl.Options(dump_dir=dump_dir),
-    )
+    group, dump_dir = group_with_dump(me)
     dist.all_reduce(torch.ones(1), group=group)
     detected_after = None
     if me != n - 1:
@@ -231,9 +234,7 @@ def _skipping_peer(ctx, async_op):
             if async_op:
                 work.wait()
         detected_after = time.monotonic() - started
-        (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{me}_pg*.json"))
-        with open(dump) as file:
-            last = json.load(file)["ops"][-1]
+        last = read_dump(dump_dir, me)["ops"][-1]
         assert (last["seq"], last["op"], last["state"]) == (2, "allreduce", "failed"), last
     dist.barrier()  # the skipping rank keeps its side open until the others are done
     dist.destroy_process_group(group)

@@ -7,15 +7,6 @@
 #include <fstream>
 
 namespace streamnccl {
-namespace {
-
-std::string groupPrefix(const OpInfo& group) {
-  return "[streamnccl rank " + std::to_string(group.rank) + "/" + std::to_string(group.size) +
-         " pg=" + group.group + "]";
-}
-
-}  // namespace
-
 GroupHealth::GroupHealth(size_t recorderCapacity, std::optional<std::string> dumpDir)
     : recorder_(recorderCapacity), dumpDir_(std::move(dumpDir)) {}
 
@@ -28,6 +19,7 @@ bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
     }
     broken_ = error;
     cause_ = cause;
+    brokenFlag_.store(true, std::memory_order_release);
   }
   std::string where = "not written (set STREAMNCCL_DUMP_DIR or Options(dump_dir=...))";
   if (dumpDir_) {
@@ -37,7 +29,7 @@ bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
     file << recorder_.toJson(group, cause);
     where = file ? path : "could not be written to " + path;
   }
-  LOG(ERROR) << groupPrefix(group) << " group broken: " << cause << "; " << recorder_.summary()
+  LOG(ERROR) << group.who() << " group broken: " << cause << "; " << recorder_.summary()
              << "; flight recorder " << where;
   return true;
 }
@@ -45,7 +37,7 @@ bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
 void GroupHealth::raiseIfBroken(const OpInfo& group, const char* op) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (broken_) {
-    throwDistBackendError(groupPrefix(group) + " " + op +
+    throwDistBackendError(group.who() + " " + op +
                           ": the group is unusable since an earlier failure: " + cause_);
   }
 }

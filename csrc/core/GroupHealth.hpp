@@ -6,6 +6,7 @@
 
 #include "core/FlightRecorder.hpp"
 
+#include <atomic>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -23,6 +24,8 @@ class GroupHealth {
   // summary and writes it as JSON to the dump directory. `group` names the group and rank.
   // True when this call broke the group.
   bool breakWith(const OpInfo& group, std::exception_ptr error);
+  // Cheap enough for every launch; raiseIfBroken() then says why.
+  bool broken() const { return brokenFlag_.load(std::memory_order_acquire); }
   // Raises DistBackendError naming `op` and the original cause if the group is broken.
   void raiseIfBroken(const OpInfo& group, const char* op) const;
 
@@ -31,6 +34,7 @@ class GroupHealth {
   const std::optional<std::string> dumpDir_;
   mutable std::mutex mutex_;
   std::exception_ptr broken_;
+  std::atomic<bool> brokenFlag_{false};
   std::string cause_;
 };
 

@@ -20,10 +20,15 @@ struct OpInfo {
   std::vector<int64_t> shape;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 
+  // "[streamnccl rank r/n pg=name]": the group and rank, as every message names them.
+  std::string who() const {
+    return "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(size) +
+           " pg=" + group + "]";
+  }
+
   std::string describe() const {
     std::ostringstream out;
-    out << "[streamnccl rank " << rank << "/" << size << " pg=" << group << "] " << name << " #"
-        << seq << " ([";
+    out << who() << " " << name << " #" << seq << " ([";
     for (const auto i : c10::irange(shape.size())) {
       out << (i == 0 ? "" : ", ") << shape[i];
     }

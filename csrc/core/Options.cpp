@@ -32,21 +32,28 @@ std::optional<std::string> stringFromEnv(const char* name) {
   return std::string(raw);
 }
 
+// The non-negative integer `text` spells, or nullopt.
+std::optional<int> intFromText(const std::string& text) {
+  try {
+    size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used == text.size() && value >= 0) {
+      return value;
+    }
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 std::optional<int> intFromEnv(const char* name) {
   const auto raw = stringFromEnv(name);
   if (!raw) {
     return std::nullopt;
   }
-  try {
-    size_t used = 0;
-    const int value = std::stoi(*raw, &used);
-    if (used == raw->size() && value >= 0) {
-      return value;
-    }
-  } catch (const std::exception&) {
-  }
-  TORCH_CHECK_VALUE(false, "streamnccl: environment variable ", name, "='", *raw,
+  const auto value = intFromText(*raw);
+  TORCH_CHECK_VALUE(value, "streamnccl: environment variable ", name, "='", *raw,
                     "' is not a non-negative integer");
+  return value;
 }
 
 Options::TestFault parseTestFault(const std::string& spec) {
@@ -60,14 +67,20 @@ Options::TestFault parseTestFault(const std::string& spec) {
                       field, "' is not key=value");
     const std::string key = field.substr(0, equals);
     const std::string value = field.substr(equals + 1);
+    const auto number = [&] {
+      const auto parsed = intFromText(value);
+      TORCH_CHECK_VALUE(parsed, "streamnccl: STREAMNCCL_TEST_FAULT ", key, "='", value,
+                        "' is not a non-negative integer");
+      return *parsed;
+    };
     if (key == "rank") {
-      fault.rank = std::stoi(value);
+      fault.rank = number();
     } else if (key == "op") {
-      fault.op = std::stoull(value);
+      fault.op = static_cast<uint64_t>(number());
     } else if (key == "action") {
       action = value;
     } else if (key == "ms") {
-      fault.delay = std::chrono::milliseconds(std::stoll(value));
+      fault.delay = std::chrono::milliseconds(number());
     } else {
       TORCH_CHECK_VALUE(false, "streamnccl: STREAMNCCL_TEST_FAULT has an unknown key '", key,
                         "' (expected rank, op, action, ms)");
@@ -100,6 +113,9 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   if (!resolved->dumpDir) {
     resolved->dumpDir = stringFromEnv("STREAMNCCL_DUMP_DIR");
   }
+  TORCH_CHECK_VALUE(!resolved->traceBufferSize || *resolved->traceBufferSize >= 0,
+                    "streamnccl: trace_buffer_size is ", resolved->traceBufferSize.value_or(0),
+                    ", expected a count of ops (0 or more)");
   if (!resolved->traceBufferSize) {
     resolved->traceBufferSize = intFromEnv("STREAMNCCL_TRACE_BUFFER_SIZE").value_or(2000);
   }

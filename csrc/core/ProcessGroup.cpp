@@ -174,10 +174,7 @@ void ProcessGroup::breakGroup(std::exception_ptr error) {
   }
 }
 
-std::string ProcessGroup::who() const {
-  return "[streamnccl rank " + std::to_string(getRank()) + "/" + std::to_string(getSize()) +
-         " pg=" + getGroupUid() + "]";
-}
+std::string ProcessGroup::who() const { return groupInfo().who(); }
 
 PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op) const {
   auto factory = factories_.find(device.type());
@@ -298,7 +295,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
 
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               std::shared_ptr<OpOutcome> outcome) {
-  health_->raiseIfBroken(groupInfo(), launch.op);
+  if (health_->broken()) {
+    health_->raiseIfBroken(groupInfo(), launch.op);
+  }
   {
     // Earlier ops that have completed are recorded so before this one is queued.
     std::lock_guard<std::mutex> lock(inFlightMutex_);
@@ -433,10 +432,7 @@ void ProcessGroup::injectTestFault(const OpInfo& info, Steps& steps) const {
 
 void ProcessGroup::trackInFlight(c10::intrusive_ptr<Work> work) {
   std::lock_guard<std::mutex> lock(inFlightMutex_);
-  // Completed ops are released here too, not only by the watchdog: under a stream of async
-  // ops their tensors and events go back at once.
-  releaseCompleted();
-  inFlight_.push_back(std::move(work));
+  inFlight_.push_back(std::move(work));  // released by the next launch or the watchdog
 }
 
 void ProcessGroup::releaseCompleted() {
