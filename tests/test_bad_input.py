@@ -363,6 +363,33 @@ def _cases():
             ),
         ),
         (
+            "all_gather_coalesced with one output list per rank missing",
+            ValueError,
+            rf"allgather_coalesced: `output_tensor_lists` has {n - 1} lists, expected one per",
+            lambda: dist.all_gather_coalesced([[torch.empty(4)]] * (n - 1), [ones]),
+        ),
+        (
+            "all_gather_coalesced with an output list too short",
+            ValueError,
+            r"allgather_coalesced: `output_tensor_lists\[0\]` has 1 tensors, expected one per",
+            lambda: dist.all_gather_coalesced([[torch.empty(4)]] * n, [ones, ones]),
+        ),
+        (
+            "all_gather_coalesced output of the wrong size",
+            ValueError,
+            r"allgather_coalesced: `output_tensor_lists\[0\]\[1\]` has 3 elements \(shape "
+            r"\[3\]\), expected as many as `input_tensor_list\[1\]`: 2",
+            lambda: dist.all_gather_coalesced(
+                [[torch.empty(4), torch.empty(3)]] * n, [ones, torch.ones(2)]
+            ),
+        ),
+        (
+            "all_gather_coalesced of no tensors, direct",
+            ValueError,
+            r"allgather_coalesced: `input_tensor_list` is empty",
+            lambda: cpu_backend().allgather_coalesced([[]] * n, []),
+        ),
+        (
             "barrier on a GPU that is not there",
             ValueError,
             r"barrier: cannot use cuda:0|barrier: tensors on cuda:0 are not supported",
@@ -421,6 +448,10 @@ CASE_NAMES = [
     "send of two tensors, direct",
     "allreduce_coalesced of no tensors, direct",
     "allreduce_coalesced with a bad tensor after a good one, direct",
+    "all_gather_coalesced with one output list per rank missing",
+    "all_gather_coalesced with an output list too short",
+    "all_gather_coalesced output of the wrong size",
+    "all_gather_coalesced of no tensors, direct",
     "barrier on a GPU that is not there",
 ]
 

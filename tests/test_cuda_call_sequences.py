@@ -340,6 +340,20 @@ ALWAYS_ASYNC = [
         ],
     ),
     (
+        "all_gather_coalesced",
+        lambda pg: pg.allgather_coalesced(
+            [[torch.empty(2), torch.empty(1)] for _ in range(SIZE)],
+            [torch.ones(2), torch.ones(1)],
+            options(AllgatherOptions),
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclAllGather(sendcount=8, ncclUint8, C0, S1)",
+            "ncclAllGather(sendcount=4, ncclUint8, C0, S1)",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
         "all_gather_into_tensor coalesced",
         coalesced(
             lambda pg: pg._allgather_base(torch.empty(6), torch.ones(2), options(AllgatherOptions)),

@@ -1,6 +1,6 @@
-"""gather, scatter, all_gather_into_tensor, all_to_all (list and single, with equal, uneven
-and empty splits) and the object collectives, sync and async, against Gloo and closed forms;
-and dtypes that only move (bool, float8, bfloat16, complex)."""
+"""gather, scatter, all_gather_into_tensor, all_gather_coalesced, all_to_all (list and single,
+with equal, uneven and empty splits) and the object collectives, sync and async, against Gloo
+and closed forms; and dtypes that only move (bool, float8, bfloat16, complex)."""
 
 import pytest
 import torch
@@ -102,6 +102,41 @@ def _all_to_all_list(ctx, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_all_to_all_list(rank_pools, world_size, mode):
     rank_pools(world_size).run(_all_to_all_list, mode)
+
+
+def _coalesced_inputs(rank):
+    """Rank `rank`'s inputs of all_gather_coalesced: shapes differ, one is empty, one complex."""
+    g = torch.Generator().manual_seed(7919 * (rank + 1))
+    return [
+        torch.randn(2, 3, generator=g),
+        torch.empty(0),
+        torch.randn(4, generator=g, dtype=torch.complex64),
+        torch.randn(5, generator=g),
+    ]
+
+
+def _all_gather_coalesced(ctx, mode):
+    n = ctx.world_size
+    inputs = _coalesced_inputs(ctx.rank)
+    expected = [[torch.empty_like(t) for t in inputs] for _ in range(n)]
+    dist.all_gather_coalesced(expected, inputs, group=ctx.gloo)
+    got = [[torch.full_like(t, -1) for t in inputs] for _ in range(n)]
+    if mode == "sync":
+        assert dist.all_gather_coalesced(got, inputs) is None
+    else:
+        future = dist.all_gather_coalesced(got, inputs, async_op=True)
+        future.wait()
+        assert future.done()
+    for r in range(n):
+        for g, e, closed_form in zip(got[r], expected[r], _coalesced_inputs(r), strict=True):
+            assert torch.equal(g, e)
+            assert torch.equal(g, closed_form)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_all_gather_coalesced(rank_pools, world_size, mode):
+    rank_pools(world_size).run(_all_gather_coalesced, mode)
 
 
 MOVE_ONLY_DTYPES = [torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16,

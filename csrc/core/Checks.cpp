@@ -102,6 +102,29 @@ void pairedLists(const char* op, const std::vector<at::Tensor>& inputs,
                        " outputs, expected the same number, at least one");
 }
 
+void rankMajorLists(const char* op, const char* outputsArg,
+                    const std::vector<std::vector<at::Tensor>>& outputs, const char* inputsArg,
+                    const std::vector<at::Tensor>& inputs, int size) {
+  STREAMNCCL_CHECK_ARG(!inputs.empty(), op, "`", inputsArg, "` is empty");
+  STREAMNCCL_CHECK_ARG(static_cast<int>(outputs.size()) == size, op, "`", outputsArg, "` has ",
+                       outputs.size(), " lists, expected one per rank: ", size);
+  for (const auto r : c10::irange(outputs.size())) {
+    STREAMNCCL_CHECK_ARG(outputs[r].size() == inputs.size(), op, "`", outputsArg, "[", r, "]` has ",
+                         outputs[r].size(), " tensors, expected one per tensor of `", inputsArg,
+                         "`: ", inputs.size());
+    for (const auto i : c10::irange(inputs.size())) {
+      const std::string name =
+          std::string(outputsArg) + "[" + std::to_string(r) + "][" + std::to_string(i) + "]";
+      dense(op, inputsArg, inputs[i]);
+      sameDeviceAndDtype(op, name.c_str(), inputs[i], outputs[r][i]);
+      STREAMNCCL_CHECK_ARG(outputs[r][i].numel() == inputs[i].numel(), op, "`", name, "` has ",
+                           outputs[r][i].numel(), " elements (shape ", outputs[r][i].sizes(),
+                           "), expected as many as `", inputsArg, "[", i, "]`: ", inputs[i].numel(),
+                           " (shape ", inputs[i].sizes(), ")");
+    }
+  }
+}
+
 void peerInRange(const char* op, const char* arg, int64_t peer, int size) {
   STREAMNCCL_CHECK_ARG(peer >= 0 && peer < size, op, "`", arg, "` is ", peer,
                        ", expected a rank in [0, ", size, ")");

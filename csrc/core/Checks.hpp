@@ -50,6 +50,12 @@ std::vector<int64_t> splitSizes(const char* op, const char* arg, const std::vect
 void pairedLists(const char* op, const std::vector<at::Tensor>& inputs,
                  const std::vector<at::Tensor>& outputs);
 
+// The lists of allgather_coalesced: `inputs` not empty, and `outputs` one list per rank, each
+// with one tensor per input, of that input's device, dtype and number of elements.
+void rankMajorLists(const char* op, const char* outputsArg,
+                    const std::vector<std::vector<at::Tensor>>& outputs, const char* inputsArg,
+                    const std::vector<at::Tensor>& inputs, int size);
+
 // A peer rank of a point-to-point op.
 void peerInRange(const char* op, const char* arg, int64_t peer, int size);
 

@@ -119,6 +119,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
        }});
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputTensorLists, std::vector<at::Tensor>& inputTensors,
+    const c10d::AllgatherOptions& opts) {
+  checks::rankMajorLists("allgather_coalesced", "output_tensor_lists", outputTensorLists,
+                         "input_tensor_list", inputTensors, getSize());
+  // Input i is an allgather of its own, into the i-th tensor of every rank's output list.
+  return coalesce([&] {
+    for (const auto i : c10::irange(inputTensors.size())) {
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      for (const auto& rankOutputs : outputTensorLists) {
+        outputs[0].push_back(rankOutputs[i]);
+      }
+      std::vector<at::Tensor> input{inputTensors[i]};
+      allgather(outputs, input, opts);
+    }
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputTensor,
                                                              at::Tensor& inputTensor,
                                                              const c10d::AllgatherOptions& opts) {
