@@ -472,6 +472,22 @@ def test_send_and_recv_run_on_a_lane_per_peer_and_direction():
     ]
 
 
+def test_recv_from_any_source_is_refused_at_the_call():
+    # NCCL has no receive from any source: a bad argument, and the group goes on.
+    pg, log = recorded_group()
+    with pytest.raises(ValueError, match="recvAnySource: cannot use cpu: NCCL cannot receive"):
+        pg.recv_anysource([torch.empty(3)], 0)
+    assert not any(c.startswith(("ncclRecv", "ncclCommInitRank")) for c in log.calls())
+    x = torch.ones(4)
+    run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
+    assert torch.equal(x, torch.ones(4))
+    # Inside a group it is refused before any path is asked.
+    pg._start_coalescing()
+    with pytest.raises(ValueError, match="cannot join a coalesced group; name the sender"):
+        pg.recv_anysource([torch.empty(3)], 0)
+    pg._end_coalescing()
+
+
 def test_destroying_the_group_destroys_its_communicators():
     pg, log = recorded_group()
     run(pg, log, lambda pg: pg.allreduce([torch.ones(1)], options(AllreduceOptions)))

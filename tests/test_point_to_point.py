@@ -1,5 +1,5 @@
-"""send/recv, isend/irecv with tags, batch_isend_irecv as one group, and the coalescing
-manager (all_reduce, all_gather_into_tensor, reduce_scatter_tensor) as one Work."""
+"""send/recv, isend/irecv with tags, recv from any source, batch_isend_irecv as one group, and
+the coalescing manager (all_reduce, all_gather_into_tensor, reduce_scatter_tensor) as one Work."""
 
 import pytest
 import torch
@@ -161,3 +161,64 @@ def _all_reduce_coalesced(ctx):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_all_reduce_coalesced(rank_pools, world_size):
     rank_pools(world_size).run(_all_reduce_coalesced)
+
+
+def _recv_from_any_source(ctx):
+    # Every rank but the last sends it two messages; it receives them without naming the
+    # sender, once with recv and once with irecv, and each message carries its sender's rank.
+    n, me = ctx.world_size, ctx.rank
+    receiver = n - 1
+    if me != receiver:
+        dist.send(torch.full((2, 3), float(me)), dst=receiver)
+        dist.send(torch.full((2, 3), float(me) + 0.5), dst=receiver)
+        return
+    senders, irecv_senders = [], []
+    for _ in range(n - 1):
+        inbox = torch.empty(2, 3)
+        sender = dist.recv(inbox)
+        assert torch.equal(inbox, torch.full((2, 3), float(sender)))
+        senders.append(sender)
+    for _ in range(n - 1):
+        inbox = torch.empty(2, 3)
+        work = dist.irecv(inbox)
+        work.wait()
+        sender = work._source_rank()
+        assert torch.equal(inbox, torch.full((2, 3), float(sender) + 0.5))
+        irecv_senders.append(sender)
+    assert sorted(senders) == list(range(n - 1))
+    assert sorted(irecv_senders) == list(range(n - 1))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_recv_from_any_source(rank_pools, world_size):
+    rank_pools(world_size).run(_recv_from_any_source)
+
+
+def _pending_any_source_recv_beside_a_collective(ctx):
+    # Rank 0 posts a recv from any source, then every rank joins an all_reduce; only after it
+    # does rank 1 send. The pending recv must not hold up the collective.
+    n, me = ctx.world_size, ctx.rank
+    inbox = torch.empty(4)
+    pending = dist.irecv(inbox) if me == 0 else None
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.full((3,), float(n)))
+    if me == 1:
+        dist.send(torch.arange(4.0), dst=0)
+    if me == 0:
+        pending.wait()
+        assert pending._source_rank() == 1
+        assert torch.equal(inbox, torch.arange(4.0))
+    # A recv from a named peer has no sender to report. (After a barrier: a message sent
+    # while rank 0's recv from any source is pending could be the one it takes.)
+    dist.barrier()
+    named = dist.irecv(torch.empty(1), src=(me - 1) % n)
+    dist.send(torch.ones(1), dst=(me + 1) % n)
+    named.wait()
+    with pytest.raises(ValueError, match=r"sourceRank\(\) names the sender of a recv from any"):
+        named._source_rank()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_pending_any_source_recv_does_not_hold_up_collectives(rank_pools, world_size):
+    rank_pools(world_size).run(_pending_any_source_recv_beside_a_collective)

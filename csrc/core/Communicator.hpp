@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
+#include <c10/util/Exception.h>
 
 #include <exception>
 #include <string>
@@ -55,6 +56,11 @@ class Communicator {
                              c10::Stream stream) = 0;
   virtual void send(const at::Tensor& input, int peer, c10::Stream stream) = 0;
   virtual void recv(const at::Tensor& output, int peer, c10::Stream stream) = 0;
+  // Receives the next message any peer sends to this rank's lanes; returns the sender. Only
+  // on the lanes PathFactory::openAnySource opens, so only communicators that can.
+  virtual int recvFromAnySource(const at::Tensor& /*output*/, c10::Stream /*stream*/) {
+    TORCH_INTERNAL_ASSERT(false, "streamnccl: this communicator cannot receive from any source");
+  }
 
   // Calls between groupStart() and groupEnd() are issued as one: they may progress in any
   // order, so a send and a recv between the same two ranks cannot deadlock. Groups nest; the

@@ -45,6 +45,10 @@ class PathFactory {
   // outside a group (opening may be collective between the two). The lanes' communicators
   // take group ranks. Throws c10::Error with the reason when the device cannot be used.
   virtual PeerLanes openPeer(const c10::Device& device, int peer) = 0;
+  // Opens the lane of receives from any peer (recv without a source) for tensors on
+  // `device`: a stream of its own, so a pending one holds up no other op. Throws c10::Error
+  // with the reason where the communicator cannot receive from any source (NCCL cannot).
+  virtual std::unique_ptr<Path> openAnySource(const c10::Device& device) = 0;
   // The factory for a subgroup of `ranks` (group ranks, sorted, this rank among them), whose
   // connections meet through `store`. Collective over the members.
   virtual std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,

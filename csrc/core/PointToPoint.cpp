@@ -72,6 +72,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
                  [tensor, scratch]() { lowering::copyBack(tensor, (*scratch)[0]); }});
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                           int /*tag*/) {
+  constexpr const char* op = "recvAnySource";
+  const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
+  STREAMNCCL_CHECK_ARG(!coalescing_, op,
+                       "a recv from any source cannot join a coalesced group; name the sender");
+  Path& path = anySourceLaneFor(tensor.device(), op);
+  auto scratch = makeScratch(1);
+  auto sender = std::make_shared<std::atomic<int>>(-1);
+  Launch launch{
+      op, c10d::OpType::RECVANYSOURCE, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
+  launch.sourceRank = sender;
+  return submit(std::move(launch), path,
+                {[tensor, scratch, sender](Communicator& comm, c10::Stream stream) {
+                   (*scratch)[0] = lowering::contiguous(tensor);
+                   *sender = comm.recvFromAnySource(lowering::bytes((*scratch)[0]), stream);
+                 },
+                 [tensor, scratch]() { lowering::copyBack(tensor, (*scratch)[0]); }});
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
     std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
     const c10d::GatherOptions& opts) {

@@ -72,6 +72,7 @@ ProcessGroup::~ProcessGroup() {
   shutdown();
   // Paths go next; each device finishes what its streams hold before it stops.
   std::lock_guard<std::mutex> lock(pathsMutex_);
+  anySourceLanes_.clear();
   lanes_.clear();
   paths_.clear();
 }
@@ -273,6 +274,17 @@ Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direc
   return direction == Direction::Send ? *found->second.sends : *found->second.receives;
 }
 
+Path& ProcessGroup::anySourceLaneFor(const c10::Device& device, const char* op) {
+  std::lock_guard<std::mutex> lock(pathsMutex_);
+  auto& lane = anySourceLanes_[device];
+  if (!lane) {
+    PathFactory& factory = factoryFor(device, op);
+    lane = openOrRefuse(*health_, groupInfo(), who(), op, device,
+                        [&] { return factory.openAnySource(device); });
+  }
+  return *lane;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, Steps steps) {
   if (!coalescing_) {
     return this->launch(std::move(launch), path, std::move(steps));
@@ -318,6 +330,9 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   auto work =
       c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
                                 launch.blockHostOnWait || options_->useBlockingWait());
+  if (launch.sourceRank) {
+    work->reportSourceRank(launch.sourceRank);
+  }
 
   health_->recorder().queued(info);
   if (options_->useDebugChecks()) {

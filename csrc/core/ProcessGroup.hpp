@@ -101,6 +101,8 @@ class ProcessGroup final : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
+  // recv without a source (host path only): the Work's sourceRank() names the sender.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> gather(
       std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
       const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
@@ -141,6 +143,8 @@ class ProcessGroup final : public c10d::Backend {
     bool async;
     std::chrono::milliseconds timeout;  // kUnsetTimeout: the group's
     bool blockHostOnWait = false;
+    // A recv from any source: where its task writes the sender, for the Work to report.
+    std::shared_ptr<std::atomic<int>> sourceRank = nullptr;
   };
 
   // The ops recorded since startCoalescing().
@@ -156,6 +160,8 @@ class ProcessGroup final : public c10d::Backend {
   enum class Direction { Send, Receive };
   // The lane a send to, or a recv from, `peer` outside a group runs on (see PeerLanes).
   Path& laneFor(const c10::Device& device, int peer, Direction direction, const char* op);
+  // The lane every recv from any source on `device` runs on.
+  Path& anySourceLaneFor(const c10::Device& device, const char* op);
   PathFactory& factoryFor(const c10::Device& device, const char* op) const;
   // "[streamnccl rank r/n pg=name]", as errors name this group.
   std::string who() const;
@@ -199,6 +205,7 @@ class ProcessGroup final : public c10d::Backend {
   mutable std::mutex pathsMutex_;
   std::unordered_map<c10::Device, std::unique_ptr<Path>> paths_;
   std::unordered_map<c10::Device, std::unordered_map<int, PeerLanes>> lanes_;
+  std::unordered_map<c10::Device, std::unique_ptr<Path>> anySourceLanes_;
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};

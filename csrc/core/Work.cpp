@@ -91,6 +91,15 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() { return outcome_->future(); }
 
+int Work::sourceRank() const {
+  STREAMNCCL_CHECK_ARG(sender_, info_.name,
+                       "sourceRank() names the sender of a recv from any source only");
+  const int sender = sender_->load();
+  STREAMNCCL_CHECK_ARG(sender >= 0, info_.name,
+                       "the sender is known once the recv has completed; wait() first");
+  return sender;
+}
+
 bool Work::releaseIfCompleted() {
   if (!isCompleted()) {
     return false;

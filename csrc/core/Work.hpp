@@ -59,6 +59,11 @@ class Work : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return info_.seq; }
+  // A recv from any source: the sender, once the op has completed.
+  int sourceRank() const override;
+  void reportSourceRank(std::shared_ptr<const std::atomic<int>> sender) {
+    sender_ = std::move(sender);
+  }
 
   // Drops the tensors held for the op if it has completed; true if it has.
   bool releaseIfCompleted();
@@ -76,6 +81,8 @@ class Work : public c10d::Work {
   const std::chrono::milliseconds timeout_;
   const std::chrono::steady_clock::time_point deadline_;
   const bool blockHostOnWait_;
+
+  std::shared_ptr<const std::atomic<int>> sender_;  // set for a recv from any source
 
   std::unique_ptr<Event> end_;
   bool joinOnWait_ = true;

@@ -63,6 +63,10 @@ PeerLanes CudaPathFactory::openPeer(const c10::Device& device, int peer) {
   return {std::move(highToLow), std::move(lowToHigh)};
 }
 
+std::unique_ptr<Path> CudaPathFactory::openAnySource(const c10::Device& /*device*/) {
+  TORCH_CHECK(false, "NCCL cannot receive from any source; name the sender (`src`)");
+}
+
 std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                     const std::vector<int>& ranks) {
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);

@@ -25,6 +25,8 @@ class CudaPathFactory final : public PathFactory {
                   c10::intrusive_ptr<Options> options);
   std::unique_ptr<Path> open(const c10::Device& device) override;
   PeerLanes openPeer(const c10::Device& device, int peer) override;
+  // Refused: NCCL has no receive from any source.
+  std::unique_ptr<Path> openAnySource(const c10::Device& device) override;
   // A fresh factory over the subgroup's store: its communicators are made from scratch.
   std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
                                      const std::vector<int>& ranks) override;

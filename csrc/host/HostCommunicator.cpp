@@ -109,6 +109,15 @@ void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*st
   complete(gloo_->recv(tensors, peer, tag_));
 }
 
+int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*stream*/) {
+  refuseIfAborted();
+  TORCH_INTERNAL_ASSERT(groupDepth_ == 0, "streamnccl: a recv from any source inside a group");
+  std::vector<at::Tensor> tensors{output};
+  auto work = gloo_->recvAnysource(tensors, tag_);
+  work->wait();
+  return work->sourceRank();
+}
+
 void HostCommunicator::refuseIfAborted() const {
   if (aborted_) {
     throwDistBackendError("the host communicator was aborted");

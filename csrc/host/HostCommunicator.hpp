@@ -32,6 +32,7 @@ class HostCommunicator final : public Communicator {
                      c10::Stream stream) override;
   void send(const at::Tensor& input, int peer, c10::Stream stream) override;
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
+  int recvFromAnySource(const at::Tensor& output, c10::Stream stream) override;
   void groupStart() override;
   void groupEnd() override;
   // Gloo cannot be interrupted through c10d's Backend: a blocked Gloo op ends at its own

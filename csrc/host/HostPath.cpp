@@ -35,6 +35,11 @@ PeerLanes HostPathFactory::openPeer(const c10::Device& device, int /*peer: any, 
   return {hostPath(device, gloo_, kLaneTag), hostPath(device, gloo_, kLaneTag)};
 }
 
+std::unique_ptr<Path> HostPathFactory::openAnySource(const c10::Device& device) {
+  // The lanes' tag: peers send to this rank on their lanes, whichever recv takes the message.
+  return hostPath(device, gloo_, kLaneTag);
+}
+
 std::unique_ptr<PathFactory> HostPathFactory::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                     const std::vector<int>& ranks) {
   // Gloo splits itself; its keys stay apart from ours, as at the group's creation.

@@ -13,6 +13,7 @@ class HostPathFactory final : public PathFactory {
   explicit HostPathFactory(c10::intrusive_ptr<c10d::Backend> gloo) : gloo_(std::move(gloo)) {}
   std::unique_ptr<Path> open(const c10::Device& device) override;
   PeerLanes openPeer(const c10::Device& device, int peer) override;
+  std::unique_ptr<Path> openAnySource(const c10::Device& device) override;
   std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
                                      const std::vector<int>& ranks) override;
 

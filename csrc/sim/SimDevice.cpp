@@ -97,6 +97,11 @@ PeerLanes SimPathFactory::openPeer(const c10::Device& device, int /*peer*/) {
   return {path(kLaneTag), path(kLaneTag)};
 }
 
+std::unique_ptr<Path> SimPathFactory::openAnySource(const c10::Device& device) {
+  TORCH_CHECK(device.is_cpu(), "the simulated device serves cpu tensors, not ", device);
+  return path(kLaneTag);
+}
+
 std::unique_ptr<PathFactory> SimPathFactory::split(const c10::intrusive_ptr<c10d::Store>&,
                                                    const std::vector<int>&) {
   TORCH_CHECK(false, "streamnccl sim: a simulated group cannot be split");

@@ -57,6 +57,7 @@ class SimPathFactory final : public PathFactory {
                  bool dropDependencies);
   std::unique_ptr<Path> open(const c10::Device& device) override;
   PeerLanes openPeer(const c10::Device& device, int peer) override;
+  std::unique_ptr<Path> openAnySource(const c10::Device& device) override;
   std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
                                      const std::vector<int>& ranks) override;
 
