@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Style checks: ruff for Python, clang-format for C++ (configs at the top level).
+# Style checks: ruff for Python, clang-format for C++ (configs at the top level). Run after
+# setup.sh, which installs ruff.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"${PYTHON:-python3}" -m ruff check python tests examples setup.py
-"${PYTHON:-python3}" -m ruff format --check python tests examples setup.py
+source scripts/python-env.sh
+"$PYTHON" -m ruff check python tests examples setup.py
+"$PYTHON" -m ruff format --check python tests examples setup.py
 if ! command -v clang-format >/dev/null; then
   apt-get install -y -qq clang-format >/dev/null
 fi

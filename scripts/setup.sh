@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Installs what streamnccl needs into the current Python (torch 2.11 from PyPI, the CUDA 13.0
-# build, which brings NCCL) and builds the extension in place. Safe to run again: installed
-# packages are kept and the build is redone only for what changed.
+# Installs what streamnccl needs and builds it in place, into the project's own virtual
+# environment .venv/ (or the interpreter PYTHON names; see python-env.sh):
+#   - torch 2.11.0 from PyPI, whose Linux wheel is the CUDA 13.0 build and brings NCCL;
+#   - the build tools ninja, wheel and setuptools;
+#   - streamnccl itself, editable, with its dependencies (numpy: torch's object collectives
+#     need it) and the test extra (pytest, ruff, expecttest), from pyproject.toml.
+# Safe to run again: installed packages are kept and only what changed is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
+source scripts/python-env.sh
 
-"$PYTHON" -m pip install --quiet --disable-pip-version-check \
-  "torch==2.11.0" ninja wheel "setuptools>=64" pytest ruff
+pip_install() {
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check "$@"
+}
+pip_install "torch==2.11.0" ninja wheel "setuptools>=64"
 # No build isolation: an isolated build would fetch a second torch to compile against.
-MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m pip install --quiet --disable-pip-version-check \
-  --no-build-isolation -e .
+MAX_JOBS="${MAX_JOBS:-2}" pip_install --no-build-isolation -e ".[test]"
 "$PYTHON" -m streamnccl

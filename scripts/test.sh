@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the whole test suite. Extra arguments go to pytest.
+# Sets everything up (see setup.sh), then runs the whole test suite. Extra arguments go to
+# pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/python-env.sh
 bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m pytest tests "$@"
+exec "$PYTHON" -m pytest tests "$@"
