@@ -165,28 +165,28 @@ def test_all_reduce_coalesced(rank_pools, world_size):
 
 def _recv_from_any_source(ctx):
     # Every rank but the last sends it two messages; it receives them without naming the
-    # sender, once with recv and once with irecv, and each message carries its sender's rank.
+    # sender, half with recv and half with irecv. Each message carries its sender's rank
+    # (+0.5 for the second), whichever order they arrive in, and a sender's two arrive in the
+    # order they were sent.
     n, me = ctx.world_size, ctx.rank
     receiver = n - 1
     if me != receiver:
         dist.send(torch.full((2, 3), float(me)), dst=receiver)
         dist.send(torch.full((2, 3), float(me) + 0.5), dst=receiver)
         return
-    senders, irecv_senders = [], []
-    for _ in range(n - 1):
+    received = []  # (sender, value)
+    for i in range(2 * (n - 1)):
         inbox = torch.empty(2, 3)
-        sender = dist.recv(inbox)
-        assert torch.equal(inbox, torch.full((2, 3), float(sender)))
-        senders.append(sender)
-    for _ in range(n - 1):
-        inbox = torch.empty(2, 3)
-        work = dist.irecv(inbox)
-        work.wait()
-        sender = work._source_rank()
-        assert torch.equal(inbox, torch.full((2, 3), float(sender) + 0.5))
-        irecv_senders.append(sender)
-    assert sorted(senders) == list(range(n - 1))
-    assert sorted(irecv_senders) == list(range(n - 1))
+        if i % 2 == 0:
+            sender = dist.recv(inbox)
+        else:
+            work = dist.irecv(inbox)
+            work.wait()
+            sender = work._source_rank()
+        assert torch.equal(inbox, torch.full((2, 3), inbox[0, 0].item()))
+        received.append((sender, inbox[0, 0].item()))
+    for sender in range(n - 1):
+        assert [value for s, value in received if s == sender] == [sender, sender + 0.5]
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
