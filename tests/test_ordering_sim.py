@@ -170,22 +170,25 @@ def test_ops_complete_in_program_order(rank_pools, world_size):
 
 
 def _stuck_op_times_out(ctx):
+    # wait(timeout) on an op stuck past the timeout raises, and breaks the group as the
+    # watchdog's deadline would: the ranks are no longer known to be in step. Only rank 0
+    # issues the op, so no peer is left inside Gloo waiting for it.
     sim, pg = simulated_group(ctx)
-    x = torch.full((3,), float(ctx.rank))
-    if ctx.rank == 0:
-        sim.hold_internal_streams(True)  # the op is stuck on rank 0, and so on every rank
-    work = pg.allreduce([x], with_async(AllreduceOptions(), True))
-    if ctx.rank == 0:
-        with pytest.raises(dist.DistBackendError, match="allreduce #1 .*within the timeout"):
-            work.wait(timedelta(milliseconds=200))
-        sim.hold_internal_streams(False)
-    work.wait()
-    total = float(sum(range(ctx.world_size)))
-    assert torch.equal(sim.read(x).value(READ_TIMEOUT), torch.full((3,), total))
+    if ctx.rank != 0:
+        return True
+    sim.hold_internal_streams(True)
+    work = pg.allreduce([torch.ones(3)], with_async(AllreduceOptions(), True))
+    with pytest.raises(dist.DistBackendError, match="allreduce #1 .*within the timeout of 200 ms"):
+        work.wait(timedelta(milliseconds=200))
+    with pytest.raises(dist.DistBackendError, match="the group broke: .*within the timeout"):
+        work.wait()
+    with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
+        pg.allreduce([torch.ones(3)], with_async(AllreduceOptions(), True))
+    sim.hold_internal_streams(False)  # the stuck op now runs, and finds its communicator aborted
     return True
 
 
-def test_wait_with_timeout_on_a_stuck_op_raises(rank_pools):
+def test_wait_with_timeout_on_a_stuck_op_raises_and_breaks_the_group(rank_pools):
     assert rank_pools(2).run(_stuck_op_times_out) == [True, True]
 
 

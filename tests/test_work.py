@@ -61,12 +61,15 @@ def test_sync_work_is_complete_at_return(rank_pools, world_size):
 
 def _is_completed_does_not_block_and_wait_timeout_raises(ctx):
     # The last rank joins 2 s late: the others see an incomplete op, and wait(timeout) raises
-    # a DistBackendError naming the op; the op still completes afterwards.
+    # a DistBackendError naming the op. That breaks their group, as the watchdog's deadline
+    # would (the ranks are no longer known to be in step): the op fails from then on, and so
+    # does every later call on the group. Other groups go on.
+    group = dist.new_group(backend="streamnccl")
     late = ctx.world_size - 1
     x = torch.full((5,), float(ctx.rank))
     if ctx.rank == late:
         time.sleep(2.0)
-    work = dist.all_reduce(x, async_op=True)
+    work = dist.all_reduce(x, group=group, async_op=True)
     if ctx.rank != late:
         start = time.monotonic()
         assert not work.is_completed()
@@ -77,11 +80,16 @@ def _is_completed_does_not_block_and_wait_timeout_raises(ctx):
         assert f"[streamnccl rank {ctx.rank}/{ctx.world_size} pg=" in message
         assert "allreduce #" in message and "([5], Float)" in message
         assert "not completed within the timeout of 300 ms" in message
-    assert work.wait()
-    assert work.is_completed()
-    expected = float(sum(range(ctx.world_size)))
-    assert torch.equal(x, torch.full((5,), expected))
-    # The group stays usable.
+        with pytest.raises(dist.DistBackendError, match="the group broke: .*300 ms"):
+            work.wait()
+        with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
+            dist.all_reduce(torch.ones(2), group=group)
+    else:
+        # Its peers' ops were already inside Gloo when they broke their groups: this one
+        # completes, with the sum.
+        assert work.wait()
+        assert torch.equal(x, torch.full((5,), float(sum(range(ctx.world_size)))))
+    dist.destroy_process_group(group)
     y = torch.ones(2)
     dist.all_reduce(y)
     assert torch.equal(y, torch.full((2,), float(ctx.world_size)))

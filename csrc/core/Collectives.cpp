@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
 
+#include <tuple>
+
 namespace streamnccl {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
@@ -20,7 +22,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
   const int size = getSize();
   // The result is computed in `work` (the tensor itself when possible) and copied back.
   auto work = std::make_shared<at::Tensor>();
-  return submit({op, c10d::OpType::ALLREDUCE, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
+  return submit({op, c10d::OpType::ALLREDUCE, tensor, reduction.withFactors(tensors), tensors,
+                 opts.asyncOp, opts.timeout},
                 path,
                 {[tensor, reduction, work](Communicator& comm, c10::Stream stream) {
                    *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
@@ -77,7 +80,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
   const bool isRoot = root == getRank();
   const int size = getSize();
   auto work = std::make_shared<at::Tensor>();
-  return submit({op, c10d::OpType::REDUCE, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
+  return submit({op, c10d::OpType::REDUCE, tensor, reduction.withFactors(tensors), tensors,
+                 opts.asyncOp, opts.timeout},
                 path,
                 {[tensor, reduction, root, work](Communicator& comm, c10::Stream stream) {
                    *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
@@ -102,19 +106,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
       checks::rankList(op, "output_tensor_list", outputTensors, input, getSize());
   Path& path = pathFor(input.device(), op);
   const int size = getSize();
-  auto gathered = std::make_shared<at::Tensor>();
+  auto scratch = lowering::makeScratch(2);  // the dense input, the gathered buffer
   return submit(
       {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
-      {[input, size, gathered](Communicator& comm, c10::Stream stream) {
-         const at::Tensor dense = lowering::contiguous(input);
+      {[input, size, scratch](Communicator& comm, c10::Stream stream) {
+         auto [dense, gathered] = std::tie((*scratch)[0], (*scratch)[1]);
+         dense = lowering::contiguous(input);
          // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
-         *gathered = at::empty({size * dense.numel()}, dense.options());
-         comm.allGather(lowering::bytes(dense), lowering::bytes(*gathered), stream);
+         gathered = at::empty({size * dense.numel()}, dense.options());
+         comm.allGather(lowering::bytes(dense), lowering::bytes(gathered), stream);
        },
-       [outputs, size, gathered]() {
-         const int64_t count = gathered->numel() / size;
+       [outputs, size, scratch]() {
+         const at::Tensor& gathered = (*scratch)[1];
+         const int64_t count = gathered.numel() / size;
          for (const auto r : c10::irange(size)) {
-           outputs[r].copy_(gathered->narrow(0, r * count, count).view(outputs[r].sizes()));
+           outputs[r].copy_(gathered.narrow(0, r * count, count).view(outputs[r].sizes()));
          }
        }});
 }
@@ -147,16 +153,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputT
   Path& path = pathFor(inputTensor.device(), op);
   const at::Tensor input = inputTensor;
   const at::Tensor output = outputTensor;
-  auto work = std::make_shared<at::Tensor>();
+  auto scratch = lowering::makeScratch(2);  // the dense input, the output computed in
   return submit(
       {op, c10d::OpType::_ALLGATHER_BASE, input, {input}, {output}, opts.asyncOp, opts.timeout},
       path,
-      {[input, output, work](Communicator& comm, c10::Stream stream) {
-         *work = lowering::contiguous(output);
-         comm.allGather(lowering::bytes(lowering::contiguous(input)), lowering::bytes(*work),
-                        stream);
+      {[input, output, scratch](Communicator& comm, c10::Stream stream) {
+         auto [dense, result] = std::tie((*scratch)[0], (*scratch)[1]);
+         dense = lowering::contiguous(input);
+         result = lowering::contiguous(output);
+         comm.allGather(lowering::bytes(dense), lowering::bytes(result), stream);
        },
-       [output, work]() { lowering::copyBack(output, *work); }});
+       [output, scratch]() { lowering::copyBack(output, (*scratch)[1]); }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_tensor_coalesced(
@@ -180,26 +187,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
   const at::Tensor input = inputTensor;
   const at::Tensor output = outputTensor;
   const int size = getSize();
-  auto work = std::make_shared<at::Tensor>();
-  return submit(
-      {op,
-       c10d::OpType::_REDUCE_SCATTER_BASE,
-       input,
-       {input},
-       {output},
-       opts.asyncOp,
-       opts.timeout},
-      path,
-      {[input, output, reduction, work](Communicator& comm, c10::Stream stream) {
-         const at::Tensor in = lowering::premultiplied(lowering::contiguous(input), reduction);
-         *work = lowering::contiguous(output);
-         comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(*work),
-                            reduction.communicatorOp(), stream);
-       },
-       [output, reduction, work, size]() {
-         lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
-         lowering::copyBack(output, *work);
-       }});
+  auto scratch = lowering::makeScratch(2);  // the dense input, the output computed in
+  return submit({op,
+                 c10d::OpType::_REDUCE_SCATTER_BASE,
+                 input,
+                 reduction.withFactors({input}),
+                 {output},
+                 opts.asyncOp,
+                 opts.timeout},
+                path,
+                {[input, output, reduction, scratch](Communicator& comm, c10::Stream stream) {
+                   auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
+                   in = lowering::premultiplied(lowering::contiguous(input), reduction);
+                   result = lowering::contiguous(output);
+                   comm.reduceScatter(lowering::reductionBuffer(in),
+                                      lowering::reductionBuffer(result), reduction.communicatorOp(),
+                                      stream);
+                 },
+                 [output, reduction, scratch, size]() {
+                   const at::Tensor& result = (*scratch)[1];
+                   lowering::finishReduction(lowering::reductionBuffer(result), reduction, size);
+                   lowering::copyBack(output, result);
+                 }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
@@ -212,25 +221,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
   Path& path = pathFor(output.device(), op);
   const auto reduction = lowering::reduction(op, opts.reduceOp, output, *path.communicator);
   const int size = getSize();
-  auto work = std::make_shared<at::Tensor>();
-  return submit(
-      {op, c10d::OpType::REDUCE_SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout},
-      path,
-      {[inputs, output, reduction, work](Communicator& comm, c10::Stream stream) {
-         std::vector<at::Tensor> flat;
-         flat.reserve(inputs.size());
-         for (const auto& input : inputs) {
-           flat.push_back(input.reshape({-1}));
-         }
-         const at::Tensor in = lowering::premultiplied(at::cat(flat), reduction);
-         *work = lowering::contiguous(output);
-         comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(*work),
-                            reduction.communicatorOp(), stream);
-       },
-       [output, reduction, work, size]() {
-         lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
-         lowering::copyBack(output, *work);
-       }});
+  auto scratch = lowering::makeScratch(2);  // the concatenated input, the output computed in
+  return submit({op, c10d::OpType::REDUCE_SCATTER, output, reduction.withFactors(inputs),
+                 outputTensors, opts.asyncOp, opts.timeout},
+                path,
+                {[inputs, output, reduction, scratch](Communicator& comm, c10::Stream stream) {
+                   std::vector<at::Tensor> flat;
+                   flat.reserve(inputs.size());
+                   for (const auto& input : inputs) {
+                     flat.push_back(input.reshape({-1}));
+                   }
+                   auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
+                   in = lowering::premultiplied(at::cat(flat), reduction);
+                   result = lowering::contiguous(output);
+                   comm.reduceScatter(lowering::reductionBuffer(in),
+                                      lowering::reductionBuffer(result), reduction.communicatorOp(),
+                                      stream);
+                 },
+                 [output, reduction, scratch, size]() {
+                   const at::Tensor& result = (*scratch)[1];
+                   lowering::finishReduction(lowering::reductionBuffer(result), reduction, size);
+                   lowering::copyBack(output, result);
+                 }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_tensor_coalesced(

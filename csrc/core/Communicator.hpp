@@ -20,14 +20,17 @@ enum class ReduceKind { Sum, Avg, Product, Min, Max, BitAnd, BitOr, BitXor, PreM
 std::string toString(ReduceKind kind);
 
 // A reduction as the communicator applies it. PreMulSum multiplies each rank's input by
-// `factor` before summing: a 0-dim tensor of the buffer's dtype, on the buffer's device or,
-// for a scalar known at the call, on the CPU.
+// `factor` before summing: a 0-dim tensor of the buffer's dtype, either a scalar known at the
+// call, on the CPU (`factorOnHost`), or a tensor on the buffer's device, which the reduction
+// reads only when it runs.
 struct ReduceOp {
   ReduceOp(ReduceKind kind) : kind(kind) {}  // NOLINT(google-explicit-constructor)
-  ReduceOp(ReduceKind kind, at::Tensor factor) : kind(kind), factor(std::move(factor)) {}
+  ReduceOp(ReduceKind kind, at::Tensor factor, bool factorOnHost)
+      : kind(kind), factor(std::move(factor)), factorOnHost(factorOnHost) {}
 
   ReduceKind kind;
   at::Tensor factor;
+  bool factorOnHost = true;
 };
 
 class Communicator {
@@ -40,6 +43,9 @@ class Communicator {
   // Whether reductions can take ReduceKind::PreMulSum for this dtype. Where they cannot, the
   // core multiplies first, then sums.
   virtual bool supportsPreMulSum(at::ScalarType dtype) const = 0;
+  // Why the communicator cannot reduce a buffer of `dtype` (a reduction buffer's: complex as
+  // its real dtype, bool as bytes), or empty when it can. The core checks it at the call.
+  virtual std::string reductionRefusal(at::ScalarType /*dtype*/) const { return {}; }
 
   virtual void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                          c10::Stream stream) = 0;
@@ -67,6 +73,11 @@ class Communicator {
   // outermost groupEnd() issues. Results are ready in stream order after groupEnd().
   virtual void groupStart() = 0;
   virtual void groupEnd() = 0;
+
+  // Blocks until the communicator is connected to its peers (NCCL's init completes once every
+  // member has called it), the group's timeout passes, or it is aborted; raises
+  // DistBackendError then. Communicators that connect at once do nothing.
+  virtual void waitReady() {}
 
   // Stops the communicator for good after a fault, so that calls blocked in it (and its
   // peers') fail instead of waiting forever. Called from the watchdog thread; no call may be

@@ -71,6 +71,9 @@ class Device {
   // This group's own stream on this device, created on first use.
   virtual c10::Stream internalStream() = 0;
   virtual std::unique_ptr<Event> createEvent() = 0;
+  // Whether work enqueued on `stream` now is captured into a CUDA graph (to run at each
+  // replay) instead of running.
+  virtual bool isCapturing(c10::Stream /*stream*/) { return false; }
   // Runs `task` in order on `stream`: the task issues one op's work (communicator calls, ATen
   // copies), and everything it issues is ordered on `stream`. On CUDA the task runs now, on
   // the calling thread, with `stream` made current; on the host it runs on the stream's

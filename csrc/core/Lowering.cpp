@@ -76,6 +76,11 @@ at::Tensor premulFactor(const char* op, const c10d::ReduceOp& reduceOp, const at
                            at::TensorOptions().dtype(tensor.scalar_type()));
 }
 
+bool premulFactorIsTensor(const c10d::ReduceOp& reduceOp) {
+  auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
+  return supplement != nullptr && supplement->tensor_factor.defined();
+}
+
 }  // namespace
 
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
@@ -129,6 +134,7 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
       if (communicator.supportsPreMulSum(dtype) && !at::isComplexType(dtype)) {
         lowered.kind = ReduceKind::PreMulSum;
         lowered.factor = premulFactor(op, reduceOp, tensor);
+        lowered.factorOnHost = !premulFactorIsTensor(reduceOp);
       } else {
         lowered.kind = ReduceKind::Sum;
         lowered.premultiply = premulFactor(op, reduceOp, tensor);
@@ -143,12 +149,27 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
     STREAMNCCL_CHECK_TYPE(at::isIntegralType(dtype, /*includeBool=*/true), op, "reduce op ", name,
                           " needs an integer or bool dtype, got ", dtype);
   }
+  const at::ScalarType bufferType = at::isComplexType(dtype) ? c10::toRealValueType(dtype)
+                                    : dtype == at::kBool     ? at::kByte
+                                                             : dtype;
+  const std::string refusal = communicator.reductionRefusal(bufferType);
+  STREAMNCCL_CHECK_TYPE(refusal.empty(), op, refusal);
   if (dtype == at::kBool) {
     // On 0/1 bytes, a logical or is MAX and a logical and is MIN; a byte SUM could overflow.
     if (lowered.kind == ReduceKind::Sum) lowered.kind = ReduceKind::Max;
     if (lowered.kind == ReduceKind::Product) lowered.kind = ReduceKind::Min;
   }
   return lowered;
+}
+
+std::vector<at::Tensor> Reduction::withFactors(std::vector<at::Tensor> tensors) const {
+  if (factor.defined()) {
+    tensors.push_back(factor);
+  }
+  if (premultiply) {
+    tensors.push_back(*premultiply);
+  }
+  return tensors;
 }
 
 at::Tensor contiguous(const at::Tensor& tensor) { return tensor.contiguous(); }

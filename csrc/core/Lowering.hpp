@@ -8,7 +8,9 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <memory>
 #include <optional>
+#include <vector>
 
 namespace streamnccl::lowering {
 
@@ -16,11 +18,24 @@ namespace streamnccl::lowering {
 struct Reduction {
   ReduceKind kind = ReduceKind::Sum;      // what the communicator is asked for
   at::Tensor factor;                      // with kind PreMulSum: the communicator's factor
+  bool factorOnHost = true;               // a scalar's, on the CPU; else on the device
   bool divideBySize = false;              // AVG as SUM, then a division
   std::optional<at::Tensor> premultiply;  // PREMUL_SUM as a product, then SUM
 
-  ReduceOp communicatorOp() const { return {kind, factor}; }
+  ReduceOp communicatorOp() const { return {kind, factor, factorOnHost}; }
+  // `tensors` and the factors a kernel of the op reads when it runs: an async op's Work holds
+  // them until its end event (a factor converted at the call is a tensor of its own).
+  std::vector<at::Tensor> withFactors(std::vector<at::Tensor> tensors) const;
 };
+
+// The temporaries an op's issue step makes for the communicator (contiguous copies, gathered
+// or concatenated buffers), kept by the op's steps until its task ends: inside a group NCCL
+// reads them only at ncclGroupEnd, and a temporary freed before would be handed by the
+// caching allocator to the next allocation on the same stream, whose kernels run first.
+using Scratch = std::shared_ptr<std::vector<at::Tensor>>;
+inline Scratch makeScratch(size_t count) {
+  return std::make_shared<std::vector<at::Tensor>>(count);
+}
 
 // Validates `reduceOp` for `dtype` on `communicator` (raising at the call, naming `op`) and
 // lowers it: AVG to SUM and a division where the communicator cannot average; PREMUL_SUM to

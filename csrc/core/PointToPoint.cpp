@@ -1,7 +1,6 @@
 // send/recv, and the ops NCCL has no call for, lowered to one communicator group of sends and
 // recvs: gather, scatter, alltoall. Data moves as bytes, so every dtype moves on every path.
-// Temporaries made in `issue` are kept in the op's steps until the task ends: inside a group,
-// NCCL reads and writes them only at groupEnd().
+// Temporaries made in `issue` are kept in the op's Scratch until the task ends (Lowering.hpp).
 
 #include "core/Checks.hpp"
 #include "core/Errors.hpp"
@@ -13,11 +12,6 @@
 
 namespace streamnccl {
 namespace {
-
-// The contiguous tensors an op computes in, shared by its issue and finish steps.
-using Scratch = std::shared_ptr<std::vector<at::Tensor>>;
-
-Scratch makeScratch(size_t count) { return std::make_shared<std::vector<at::Tensor>>(count); }
 
 // Row offsets of consecutive blocks of `splits` rows.
 std::vector<int64_t> offsetsOf(const std::vector<int64_t>& splits) {
@@ -44,7 +38,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
   // group's stream; alone, it runs on its lane to the peer.
   Path& path = coalescing_ ? pathFor(tensor.device(), op)
                            : laneFor(tensor.device(), dstRank, Direction::Send, op);
-  auto scratch = makeScratch(1);
+  auto scratch = lowering::makeScratch(1);
   // Point-to-point ops carry no async flag in c10d: they run as async ops and dist.send waits.
   return submit({op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout},
                 path,
@@ -62,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
   checks::peerInRange(op, "src", srcRank, getSize());
   Path& path = coalescing_ ? pathFor(tensor.device(), op)
                            : laneFor(tensor.device(), srcRank, Direction::Receive, op);
-  auto scratch = makeScratch(1);
+  auto scratch = lowering::makeScratch(1);
   return submit({op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout},
                 path,
                 {[tensor, srcRank, scratch](Communicator& comm, c10::Stream stream) {
@@ -79,7 +73,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tenso
   STREAMNCCL_CHECK_ARG(!coalescing_, op,
                        "a recv from any source cannot join a coalesced group; name the sender");
   Path& path = anySourceLaneFor(tensor.device(), op);
-  auto scratch = makeScratch(1);
+  auto scratch = lowering::makeScratch(1);
   auto sender = std::make_shared<std::atomic<int>>(-1);
   Launch launch{
       op, c10d::OpType::RECVANYSOURCE, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
@@ -111,7 +105,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
         outputTensors.empty() ? 0 : outputTensors[0].size(), " tensors");
   }
   Path& path = pathFor(input.device(), op);
-  auto scratch = makeScratch(size + 1);
+  auto scratch = lowering::makeScratch(size + 1);
   return submit(
       {op, c10d::OpType::GATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
       {[input, outputs, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
@@ -162,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
         inputTensors.empty() ? 0 : inputTensors[0].size(), " tensors");
   }
   Path& path = pathFor(output.device(), op);
-  auto scratch = makeScratch(size + 1);
+  auto scratch = lowering::makeScratch(size + 1);
   return submit(
       {op, c10d::OpType::SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout}, path,
       {[inputs, output, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
@@ -214,7 +208,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   const at::Tensor output = outputTensor;
   const auto inOffsets = offsetsOf(inSplits);
   const auto outOffsets = offsetsOf(outSplits);
-  auto scratch = makeScratch(2);
+  auto scratch = lowering::makeScratch(2);
   auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
     return bytes.narrow(0, row * rowBytes, rows * rowBytes);
   };
@@ -267,7 +261,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
   Path& path = pathFor(inputTensors[0].device(), op);
   const std::vector<at::Tensor> inputs = inputTensors;
   const std::vector<at::Tensor> outputs = outputTensors;
-  auto scratch = makeScratch(2 * size);
+  auto scratch = lowering::makeScratch(2 * size);
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
       {[=](Communicator& comm, c10::Stream stream) {

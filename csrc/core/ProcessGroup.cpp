@@ -36,11 +36,10 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
       options_(std::move(options)),
       factories_(std::move(factories)),
       store_(std::move(store)),
-      health_(
-          std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)) {
+      health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)),
+      watchdog_(Watchdog::start(health_, [this] { return groupInfo(); })) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
                     " is not in [0, ", size, ")");
-  watchdog_ = std::thread([this] { watch(); });  // last: once nothing can throw
   std::lock_guard<std::mutex> lock(liveGroupsMutex);
   liveGroups().insert(this);
 }
@@ -52,26 +51,21 @@ void ProcessGroup::shutdownAll() {
   }
 }
 
-void ProcessGroup::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(watchdogMutex_);
-    stopping_ = true;
-  }
-  watchdogWake_.notify_all();
-  std::lock_guard<std::mutex> lock(watchdogJoinMutex_);
-  if (watchdog_.joinable()) {
-    watchdog_.join();
-  }
-}
+void ProcessGroup::shutdown() { watchdog_->stop(); }
 
 ProcessGroup::~ProcessGroup() {
   {
     std::lock_guard<std::mutex> lock(liveGroupsMutex);
     liveGroups().erase(this);
   }
-  shutdown();
-  // Paths go next; each device finishes what its streams hold before it stops.
-  std::lock_guard<std::mutex> lock(pathsMutex_);
+  watchdog_->stop();
+  // Destroying a communicator waits for its kernels, which a dead peer never ends: after a
+  // fault, or with ops unfinished, the communicators are aborted instead. Only then do the
+  // ops' tensors go, and then the paths (each device finishes what its streams hold).
+  if (watchdog_->mustAbortAtTeardown()) {
+    watchdog_->abortCommunicators();
+  }
+  watchdog_->releaseAll();
   anySourceLanes_.clear();
   lanes_.clear();
   paths_.clear();
@@ -85,94 +79,8 @@ OpInfo ProcessGroup::groupInfo() const {
   return info;
 }
 
-void ProcessGroup::watch() {
-  constexpr auto kPeriod = std::chrono::milliseconds(50);
-  std::unique_lock<std::mutex> lock(watchdogMutex_);
-  while (!watchdogWake_.wait_for(lock, kPeriod, [&] { return stopping_; })) {
-    lock.unlock();
-    checkInFlight();
-    lock.lock();
-  }
-}
-
-void ProcessGroup::checkInFlight() {
-  const auto now = std::chrono::steady_clock::now();
-  std::vector<c10::intrusive_ptr<Work>> expired;
-  {
-    std::lock_guard<std::mutex> lock(inFlightMutex_);
-    releaseCompleted();
-    for (auto it = inFlight_.begin(); it != inFlight_.end();) {
-      if (now > (*it)->deadline()) {
-        expired.push_back(*it);
-        it = inFlight_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (const auto& work : expired) {
-    const std::string reason =
-        "timed out after " + std::to_string(work->timeout().count()) + " ms (streamnccl watchdog)";
-    work->fail(reason);
-    health_->recorder().failed(work->info().seq, reason);
-    breakGroup(work->exception());
-  }
-  if (const std::string error = asyncCommunicatorError(); !error.empty()) {
-    failInFlight(error);
-    breakGroup(makeDistBackendError(who() + " " + error));
-  }
-}
-
-std::string ProcessGroup::asyncCommunicatorError() {
-  std::lock_guard<std::mutex> lock(pathsMutex_);
-  for (auto& [device, path] : paths_) {
-    if (auto error = path->communicator->asyncError(); !error.empty()) {
-      return error;
-    }
-  }
-  for (auto& [device, peers] : lanes_) {
-    for (auto& [peer, lanes] : peers) {
-      for (Path* lane : {lanes.sends.get(), lanes.receives.get()}) {
-        if (auto error = lane->communicator->asyncError(); !error.empty()) {
-          return error;
-        }
-      }
-    }
-  }
-  return {};
-}
-
-void ProcessGroup::failInFlight(const std::string& reason) {
-  std::deque<c10::intrusive_ptr<Work>> failing;
-  {
-    std::lock_guard<std::mutex> lock(inFlightMutex_);
-    failing.swap(inFlight_);
-  }
-  for (const auto& work : failing) {
-    work->fail(reason);
-    health_->recorder().failed(work->info().seq, reason);
-  }
-}
-
 void ProcessGroup::abort() {
-  failInFlight("the group was aborted");
-  breakGroup(makeDistBackendError(who() + " aborted by the caller"));
-}
-
-void ProcessGroup::breakGroup(std::exception_ptr error) {
-  if (!health_->breakWith(groupInfo(), std::move(error))) {
-    return;
-  }
-  std::lock_guard<std::mutex> lock(pathsMutex_);
-  for (auto& [device, path] : paths_) {
-    path->communicator->abort();
-  }
-  for (auto& [device, peers] : lanes_) {
-    for (auto& [peer, lanes] : peers) {
-      lanes.sends->communicator->abort();
-      lanes.receives->communicator->abort();
-    }
-  }
+  watchdog_->breakGroup(groupInfo(), makeDistBackendError(who() + " aborted by the caller"));
 }
 
 std::string ProcessGroup::who() const { return groupInfo().who(); }
@@ -187,43 +95,47 @@ PathFactory& ProcessGroup::factoryFor(const c10::Device& device, const char* op)
   return *factory->second;
 }
 
-namespace {
-
-// Runs a factory's opening of `device`: a reason the device cannot be used becomes a bad
-// argument of `op`, while a fault while connecting (NCCL init, a Store timeout) breaks the
-// group, as any communication fault does, and is raised as a DistBackendError.
 template <typename Open>
-auto openOrRefuse(GroupHealth& health, const OpInfo& group, const std::string& who, const char* op,
-                  const c10::Device& device, Open open) -> decltype(open()) {
+auto ProcessGroup::openOrRefuse(const char* op, const c10::Device& device, Open open)
+    -> decltype(open()) {
   try {
     return open();
   } catch (const c10::DistError& e) {
-    auto fault = makeDistBackendError(who + " " + op + ": connecting " + device.str() +
+    auto fault = makeDistBackendError(who() + " " + op + ": connecting " + device.str() +
                                       " failed: " + e.what_without_backtrace());
-    health.breakWith(group, fault);
+    watchdog_->breakGroup(groupInfo(), fault);
     std::rethrow_exception(fault);
   } catch (const c10::Error& e) {
     STREAMNCCL_CHECK_ARG(false, op, "cannot use ", device, ": ", e.what_without_backtrace());
   }
 }
 
-}  // namespace
+void ProcessGroup::refuseIfBroken(const char* op) const {
+  if (health_->broken()) {
+    health_->raiseIfBroken(groupInfo(), op);  // rather than open a path the group cannot use
+  }
+}
 
 Path& ProcessGroup::pathFor(const c10::Device& requested, const char* op) {
+  refuseIfBroken(op);
   // "cpu:0" (a bound device) and "cpu" (a tensor's) are the same host.
   const c10::Device device = requested.is_cpu() ? c10::Device(c10::kCPU) : requested;
-  std::lock_guard<std::mutex> lock(pathsMutex_);
-  auto found = paths_.find(device);
-  if (found != paths_.end()) {
-    return *found->second;
-  }
-  PathFactory& factory = factoryFor(device, op);
-  auto path =
-      openOrRefuse(*health_, groupInfo(), who(), op, device, [&] { return factory.open(device); });
-  if (!device.is_cpu()) {
-    lastAcceleratorDevice_ = device;
-  }
-  return *paths_.emplace(device, std::move(path)).first->second;
+  return paths_.get(device, [&] {
+    PathFactory& factory = factoryFor(device, op);
+    auto path = openOrRefuse(op, device, [&] {
+      auto opened = factory.open(device);
+      watchdog_->watch(opened->communicator);
+      // Every rank opens it at the same op, so waiting here waits only for the others to
+      // arrive (or the timeout, or abort()).
+      opened->communicator->waitReady();
+      return opened;
+    });
+    if (!device.is_cpu()) {
+      std::lock_guard<std::mutex> lock(lastDeviceMutex_);
+      lastAcceleratorDevice_ = device;
+    }
+    return path;
+  });
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
@@ -262,27 +174,32 @@ Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direc
                             const char* op) {
   STREAMNCCL_CHECK_ARG(peer != getRank(), op, "`", direction == Direction::Send ? "dst" : "src",
                        "` is this rank (", peer, "); a rank cannot send to or receive from itself");
-  std::lock_guard<std::mutex> lock(pathsMutex_);
-  auto& peers = lanes_[device];
-  auto found = peers.find(peer);
-  if (found == peers.end()) {
+  refuseIfBroken(op);
+  // Lanes are not waited for: their first ops wait on their own streams until the peer has
+  // opened its side too (a rank's first send to one peer must not wait for that peer, which
+  // may be sending to a third one first).
+  PeerLanes& lanes = lanes_.get({device, peer}, [&] {
     PathFactory& factory = factoryFor(device, op);
-    auto lanes = openOrRefuse(*health_, groupInfo(), who(), op, device,
-                              [&] { return factory.openPeer(device, peer); });
-    found = peers.emplace(peer, std::move(lanes)).first;
-  }
-  return direction == Direction::Send ? *found->second.sends : *found->second.receives;
+    return openOrRefuse(op, device, [&] {
+      auto opened = std::make_unique<PeerLanes>(factory.openPeer(device, peer));
+      watchdog_->watch(opened->sends->communicator);
+      watchdog_->watch(opened->receives->communicator);
+      return opened;
+    });
+  });
+  return direction == Direction::Send ? *lanes.sends : *lanes.receives;
 }
 
 Path& ProcessGroup::anySourceLaneFor(const c10::Device& device, const char* op) {
-  std::lock_guard<std::mutex> lock(pathsMutex_);
-  auto& lane = anySourceLanes_[device];
-  if (!lane) {
+  refuseIfBroken(op);
+  return anySourceLanes_.get(device, [&] {
     PathFactory& factory = factoryFor(device, op);
-    lane = openOrRefuse(*health_, groupInfo(), who(), op, device,
-                        [&] { return factory.openAnySource(device); });
-  }
-  return *lane;
+    return openOrRefuse(op, device, [&] {
+      auto opened = factory.openAnySource(device);
+      watchdog_->watch(opened->communicator);
+      return opened;
+    });
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, Steps steps) {
@@ -307,13 +224,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
 
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               std::shared_ptr<OpOutcome> outcome) {
-  if (health_->broken()) {
-    health_->raiseIfBroken(groupInfo(), launch.op);
-  }
-  {
-    // Earlier ops that have completed are recorded so before this one is queued.
-    std::lock_guard<std::mutex> lock(inFlightMutex_);
-    releaseCompleted();
+  refuseIfBroken(launch.op);
+  Device& device = *path.device;
+  const c10::Stream current = device.currentStream();
+  // Work captured into a CUDA graph runs at each replay, not now: nothing of it can be
+  // waited for or queried from the host, so it is neither tracked nor timed. Nor may this
+  // thread query events during its capture.
+  const bool captured = device.isCapturing(current);
+  if (!captured) {
+    watchdog_->releaseCompleted();  // earlier ops that completed, recorded before this one
   }
   OpInfo info{launch.op,
               ++seq_,
@@ -325,11 +244,11 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
   if (!outcome) {
     outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
-                                          futureDevices(path.device->device()));
+                                          futureDevices(device.device()));
   }
   auto work =
       c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
-                                launch.blockHostOnWait || options_->useBlockingWait());
+                                launch.blockHostOnWait || options_->useBlockingWait(), watchdog_);
   if (launch.sourceRank) {
     work->reportSourceRank(launch.sourceRank);
   }
@@ -340,14 +259,12 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   }
   injectTestFault(info, steps);
 
-  Device& device = *path.device;
-  const c10::Stream current = device.currentStream();
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
   // The task holds its communicator and tensors until it has run, whatever the caller drops.
   // A failure in it breaks the group: its ranks can no longer be assumed in step.
   auto task = [outcome, info, steps = std::move(steps), communicator = path.communicator,
-               outputs = launch.outputs, opStream, health = health_, group = groupInfo()]() {
-    health->recorder().started(info.seq);
+               outputs = launch.outputs, opStream, watchdog = watchdog_, group = groupInfo()]() {
+    watchdog->health().recorder().started(info.seq);
     try {
       steps.issue(*communicator, opStream);
       if (steps.finish) {
@@ -356,8 +273,8 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
       outcome->succeed(outputs);  // completed is recorded when its end event has passed
     } catch (...) {
       outcome->fail(info, std::current_exception());
-      health->recorder().failed(info.seq, describeException(std::current_exception()));
-      health->breakWith(group, outcome->failure());
+      watchdog->health().recorder().failed(info.seq, describeException(std::current_exception()));
+      watchdog->breakGroup(group, outcome->failure());
     }
   };
 
@@ -367,12 +284,15 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
     if (auto failure = outcome->failure()) {
       std::rethrow_exception(failure);
     }
+    if (captured) {
+      return work;
+    }
     // Its end is marked for the watchdog, so that a sync op stuck on the caller's stream
     // times out too; nothing ever waits on this event.
     auto end = device.createEvent();
     end->record(current);
     work->setEnd(std::move(end), {}, /*joinOnWait=*/false);
-    trackInFlight(work);
+    watchdog_->track(work);
     return work;
   }
 
@@ -382,11 +302,16 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   device.enqueue(opStream, std::move(task));
   auto end = device.createEvent();
   end->record(opStream);
-
+  if (captured) {
+    // The graph's own memory pool keeps its tensors; wait() still joins the caller's stream.
+    work->setEnd(std::move(end), {}, /*joinOnWait=*/true);
+    work->markCaptured();
+    return work;
+  }
   std::vector<at::Tensor> inUse = std::move(launch.inputs);
   inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
   work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);
-  trackInFlight(work);
+  watchdog_->track(work);
   return work;
 }
 
@@ -421,7 +346,7 @@ void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opTyp
                                " but rank " + std::to_string(peer) + " issued " + theirs +
                                " as collective #" + std::to_string(checkedCollectives_));
       health_->recorder().failed(info.seq, describeException(error));
-      health_->breakWith(groupInfo(), error);
+      watchdog_->breakGroup(groupInfo(), error);
       std::rethrow_exception(error);
     }
   }
@@ -443,25 +368,6 @@ void ProcessGroup::injectTestFault(const OpInfo& info, Steps& steps) const {
       issue(comm, stream);
     };
   }
-}
-
-void ProcessGroup::trackInFlight(c10::intrusive_ptr<Work> work) {
-  std::lock_guard<std::mutex> lock(inFlightMutex_);
-  inFlight_.push_back(std::move(work));  // released by the next launch or the watchdog
-}
-
-void ProcessGroup::releaseCompleted() {
-  inFlight_.erase(std::remove_if(inFlight_.begin(), inFlight_.end(),
-                                 [&](const c10::intrusive_ptr<Work>& work) {
-                                   if (!work->releaseIfCompleted()) {
-                                     return false;
-                                   }
-                                   if (work->isSuccess()) {
-                                     health_->recorder().completed(work->info().seq);
-                                   }
-                                   return true;
-                                 }),
-                  inFlight_.end());
 }
 
 void ProcessGroup::startCoalescing() {
@@ -532,7 +438,7 @@ c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) const 
   if (auto bound = getBoundDeviceId()) {
     return *bound;
   }
-  std::lock_guard<std::mutex> lock(pathsMutex_);
+  std::lock_guard<std::mutex> lock(lastDeviceMutex_);
   return lastAcceleratorDevice_.value_or(c10::Device(c10::kCPU));
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 
 #include "core/GroupHealth.hpp"
+#include "core/OnceMap.hpp"
 #include "core/Options.hpp"
 #include "core/Path.hpp"
+#include "core/Watchdog.hpp"
 #include "core/Work.hpp"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -163,6 +165,13 @@ class ProcessGroup final : public c10d::Backend {
   // The lane every recv from any source on `device` runs on.
   Path& anySourceLaneFor(const c10::Device& device, const char* op);
   PathFactory& factoryFor(const c10::Device& device, const char* op) const;
+  // Raises the cause at once if the group is broken (one atomic read otherwise).
+  void refuseIfBroken(const char* op) const;
+  // Runs a factory's opening of a path for `op`: a reason the device cannot be used becomes a
+  // bad argument, a fault while connecting breaks the group. Each communicator opened is
+  // watched (and aborted with the group) from the moment it exists.
+  template <typename Open>
+  auto openOrRefuse(const char* op, const c10::Device& device, Open open) -> decltype(open());
   // "[streamnccl rank r/n pg=name]", as errors name this group.
   std::string who() const;
   // Records the ops `record` submits into one coalesced group (the open one, or a new one
@@ -173,39 +182,34 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit(Launch launch, Path& path, Steps steps);
   c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Steps steps,
                                   std::shared_ptr<OpOutcome> outcome = nullptr);
-  // Keeps an async op's Work (and so its tensors) until the watchdog sees it complete.
-  void trackInFlight(c10::intrusive_ptr<Work> work);
-  // Drops the in-flight ops that have completed. Called with inFlightMutex_ held.
-  void releaseCompleted();
   // Options::debugChecks: raises (and breaks the group) unless every rank issues this same
   // collective, with the same shape where the op needs one.
   void checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opType);
   // Test-only (Options::testFault): makes this op fail or start late on the chosen rank.
   void injectTestFault(const OpInfo& info, Steps& steps) const;
-  // The watchdog thread: every period, releases completed async ops and fails those past
-  // their deadline, which breaks the group (see breakGroup).
-  void watch();
-  void checkInFlight();
-  // After a timeout: the group is broken with `error` (later calls raise it at once), the
-  // flight recorder is dumped, and every communicator aborted so peers fail fast too.
-  void breakGroup(std::exception_ptr error);
-  // The first asynchronous error of any of the group's communicators, or empty.
-  std::string asyncCommunicatorError();
-  // Fails every in-flight op with `reason` (their waiters raise) and stops tracking them.
-  void failInFlight(const std::string& reason);
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
   c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
+
+  struct LaneKeyHash {
+    size_t operator()(const std::pair<c10::Device, int>& key) const {
+      return std::hash<c10::Device>()(key.first) * 31 + std::hash<int>()(key.second);
+    }
+  };
 
   const c10::intrusive_ptr<streamnccl::Options> options_;
   const PathFactories factories_;
   const c10::intrusive_ptr<c10d::Store> store_;
   uint64_t checkedCollectives_ = 0;  // the debug checks' own count: p2p ops do not take part
 
-  mutable std::mutex pathsMutex_;
-  std::unordered_map<c10::Device, std::unique_ptr<Path>> paths_;
-  std::unordered_map<c10::Device, std::unordered_map<int, PeerLanes>> lanes_;
-  std::unordered_map<c10::Device, std::unique_ptr<Path>> anySourceLanes_;
+  const std::shared_ptr<GroupHealth> health_;
+  const std::shared_ptr<Watchdog> watchdog_;
+
+  // Opened on first use; a slow opening holds up only the ops that need that path.
+  OnceMap<c10::Device, Path> paths_;
+  OnceMap<std::pair<c10::Device, int>, PeerLanes, LaneKeyHash> lanes_;
+  OnceMap<c10::Device, Path> anySourceLanes_;
+  mutable std::mutex lastDeviceMutex_;
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};
@@ -221,16 +225,6 @@ class ProcessGroup final : public c10d::Backend {
   };
   std::mutex splitMutex_;
   std::optional<LastSplit> lastSplit_;
-
-  std::mutex inFlightMutex_;
-  std::deque<c10::intrusive_ptr<Work>> inFlight_;
-
-  const std::shared_ptr<GroupHealth> health_;
-  std::mutex watchdogMutex_;
-  std::condition_variable watchdogWake_;
-  bool stopping_ = false;
-  std::mutex watchdogJoinMutex_;
-  std::thread watchdog_;  // started at the end of construction
 };
 
 }  // namespace streamnccl

@@ -1,6 +1,7 @@
 #include "core/Work.hpp"
 
 #include "core/Errors.hpp"
+#include "core/Watchdog.hpp"
 
 namespace streamnccl {
 
@@ -34,7 +35,8 @@ std::exception_ptr OpOutcome::failure() const {
 
 Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
            std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
-           std::chrono::milliseconds timeout, bool blockHostOnWait)
+           std::chrono::milliseconds timeout, bool blockHostOnWait,
+           std::weak_ptr<Watchdog> watchdog)
     : c10d::Work(info.rank, opType),
       info_(std::move(info)),
       device_(std::move(device)),
@@ -42,7 +44,8 @@ Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
       outputs_(std::move(outputs)),
       timeout_(timeout),
       deadline_(std::chrono::steady_clock::now() + timeout),
-      blockHostOnWait_(blockHostOnWait) {}
+      blockHostOnWait_(blockHostOnWait),
+      watchdog_(std::move(watchdog)) {}
 
 void Work::fail(const std::string& reason) {
   outcome_->fail(info_, std::make_exception_ptr(std::runtime_error(reason)));
@@ -54,7 +57,7 @@ void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, boo
   inUse_ = std::move(inUse);
 }
 
-bool Work::isCompleted() { return end_ == nullptr || end_->query(); }
+bool Work::isCompleted() { return captured_ || end_ == nullptr || end_->query(); }
 
 bool Work::isSuccess() const { return outcome_->failure() == nullptr; }
 
@@ -70,18 +73,27 @@ void Work::synchronize() {
 
 bool Work::wait(std::chrono::milliseconds timeout) {
   if (end_) {
-    if (blockHostOnWait_ || timeout != kNoTimeout) {
+    if ((blockHostOnWait_ || timeout != kNoTimeout) && !captured_) {
       const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
       if (!end_->synchronize(limit)) {
-        throwDistBackendError(info_.describe() + ": not completed within the timeout of " +
-                              std::to_string(limit.count()) + " ms");
+        // The ranks are no longer known to be in step: the group breaks, as at the watchdog's
+        // deadline, and its communicators are aborted rather than left waiting.
+        auto error =
+            makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
+                                 std::to_string(limit.count()) + " ms");
+        if (auto watchdog = watchdog_.lock()) {
+          watchdog->breakGroup(info_, error);
+        }
+        std::rethrow_exception(error);
       }
     }
     // The caller's stream at the time of wait() joins the op; on CUDA the host goes on.
     if (joinOnWait_) {
       end_->block(device_->currentStream());
     }
-    releaseIfCompleted();
+    if (!captured_) {
+      releaseIfCompleted();
+    }
   }
   if (auto failure = outcome_->failure()) {
     std::rethrow_exception(failure);

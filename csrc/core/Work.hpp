@@ -14,6 +14,8 @@
 
 namespace streamnccl {
 
+class Watchdog;
+
 // The outcome of one op, shared by its Work and by the task that runs it: the task may
 // outlive the Work (the caller dropped it) and the Work the task.
 class OpOutcome {
@@ -42,14 +44,18 @@ class OpOutcome {
 // what wait() does.
 class Work : public c10d::Work {
  public:
+  // `watchdog`: the group's, which a wait(timeout) that expires breaks.
   Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
        std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
-       std::chrono::milliseconds timeout, bool blockHostOnWait);
+       std::chrono::milliseconds timeout, bool blockHostOnWait, std::weak_ptr<Watchdog> watchdog);
 
   // The event after the op on its stream, and every tensor the op touches, held until that
   // event has completed. `joinOnWait`: wait() makes the caller's stream wait for `end`
   // (async ops); a sync op's `end` is on the caller's stream already, and only watched.
   void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait);
+  // The op was captured into a CUDA graph: it runs at each replay, so the host has nothing to
+  // wait for and its events cannot be queried; wait() only joins the caller's stream.
+  void markCaptured() { captured_ = true; }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -81,6 +87,8 @@ class Work : public c10d::Work {
   const std::chrono::milliseconds timeout_;
   const std::chrono::steady_clock::time_point deadline_;
   const bool blockHostOnWait_;
+  const std::weak_ptr<Watchdog> watchdog_;
+  bool captured_ = false;
 
   std::shared_ptr<const std::atomic<int>> sender_;  // set for a recv from any source
 

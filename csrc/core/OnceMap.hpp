@@ -1,0 +1,76 @@
+#pragma once
+
+// A map whose values are made on first use by a function that may block (opening a path can
+// wait on a Store, or on peers). The map's lock is held only to find or claim a slot, never
+// while a value is made: making one holds up only the callers that need that same value, never
+// those of another key, the watchdog or abort().
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace streamnccl {
+
+template <typename Key, typename Value, typename Hash = std::hash<Key>>
+class OnceMap {
+ public:
+  // The value of `key`, made by `make()` (a std::unique_ptr<Value>) unless another caller is
+  // making it, in which case this one waits for it. If making it throws, every waiter gets the
+  // error and the next call makes it afresh.
+  template <typename Make>
+  Value& get(const Key& key, Make&& make) {
+    std::shared_ptr<Slot> slot;
+    bool maker = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& found = slots_[key];
+      if (!found) {
+        found = std::make_shared<Slot>();
+        found->ready = found->made.get_future().share();
+        maker = true;
+      }
+      slot = found;
+    }
+    if (!maker) {
+      return *slot->ready.get();
+    }
+    try {
+      std::unique_ptr<Value> value = make();
+      Value* raw = value.get();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        slot->value = std::move(value);
+      }
+      slot->made.set_value(raw);
+      return *raw;
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        slots_.erase(key);
+      }
+      slot->made.set_exception(std::current_exception());
+      throw;
+    }
+  }
+
+  // Destroys every value made, outside the lock.
+  void clear() {
+    std::unordered_map<Key, std::shared_ptr<Slot>, Hash> slots;
+    std::lock_guard<std::mutex> lock(mutex_);
+    slots.swap(slots_);
+  }
+
+ private:
+  struct Slot {
+    std::promise<Value*> made;
+    std::shared_future<Value*> ready;
+    std::unique_ptr<Value> value;
+  };
+
+  std::mutex mutex_;
+  std::unordered_map<Key, std::shared_ptr<Slot>, Hash> slots_;
+};
+
+}  // namespace streamnccl

@@ -1,0 +1,174 @@
+#include "core/Watchdog.hpp"
+
+#include "core/Errors.hpp"
+
+#include <algorithm>
+
+namespace streamnccl {
+namespace {
+
+constexpr auto kPeriod = std::chrono::milliseconds(50);
+
+}  // namespace
+
+std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
+                                          std::function<OpInfo()> describeGroup) {
+  std::shared_ptr<Watchdog> watchdog(new Watchdog(std::move(health), std::move(describeGroup)));
+  watchdog->thread_ = std::thread([raw = watchdog.get()] { raw->loop(); });  // joined by stop()
+  return watchdog;
+}
+
+Watchdog::Watchdog(std::shared_ptr<GroupHealth> health, std::function<OpInfo()> describeGroup)
+    : health_(std::move(health)), describeGroup_(std::move(describeGroup)) {}
+
+Watchdog::~Watchdog() { stop(); }
+
+void Watchdog::stop() {
+  {
+    std::lock_guard<std::mutex> lock(stopMutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  std::lock_guard<std::mutex> lock(joinMutex_);  // one joiner at a time
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+    thread_.join();
+  }
+}
+
+void Watchdog::loop() {
+  std::unique_lock<std::mutex> lock(stopMutex_);
+  while (!wake_.wait_for(lock, kPeriod, [&] { return stopping_; })) {
+    lock.unlock();
+    check();
+    lock.lock();
+  }
+}
+
+void Watchdog::watch(std::shared_ptr<Communicator> communicator) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    communicators_.push_back(communicator);
+    if (!aborted_) {
+      return;
+    }
+  }
+  communicator->abort();  // opened while the group was being broken
+}
+
+void Watchdog::track(c10::intrusive_ptr<Work> work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  inFlight_.push_back(std::move(work));
+}
+
+void Watchdog::collectCompleted() {
+  auto done = std::stable_partition(inFlight_.begin(), inFlight_.end(),
+                                    [](const auto& work) { return !work->isCompleted(); });
+  for (auto work = done; work != inFlight_.end(); ++work) {
+    if ((*work)->isSuccess()) {
+      health_->recorder().completed((*work)->info().seq);
+    }
+    done_.push_back(std::move(*work));
+  }
+  inFlight_.erase(done, inFlight_.end());
+}
+
+void Watchdog::releaseCompleted() {
+  std::vector<c10::intrusive_ptr<Work>> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collectCompleted();
+    released.swap(done_);
+  }
+  // `released` goes here, outside the lock, with its tensors.
+}
+
+void Watchdog::check() {
+  std::vector<c10::intrusive_ptr<Work>> expired;
+  std::vector<std::weak_ptr<Communicator>> communicators;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collectCompleted();  // recorded now; released by the next caller that launches or waits
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& work : inFlight_) {
+      if (now > work->deadline()) {
+        expired.push_back(work);
+      }
+    }
+    communicators = communicators_;
+  }
+  for (const auto& work : expired) {
+    const std::string reason =
+        "timed out after " + std::to_string(work->timeout().count()) + " ms (streamnccl watchdog)";
+    work->fail(reason);
+    health_->recorder().failed(work->info().seq, reason);
+    breakGroup(work->info(), work->exception());
+  }
+  for (const auto& weak : communicators) {
+    auto communicator = weak.lock();
+    if (!communicator) {
+      continue;
+    }
+    if (std::string error = communicator->asyncError(); !error.empty()) {
+      const OpInfo group = describeGroup_();
+      breakGroup(group, makeDistBackendError(group.who() + " " + error));
+      break;
+    }
+  }
+}
+
+void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error) {
+  if (!health_->breakWith(group, error)) {
+    return;
+  }
+  std::vector<c10::intrusive_ptr<Work>> failing;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failing.swap(inFlight_);
+  }
+  const std::string reason = "the group broke: " + describeException(error);
+  for (const auto& work : failing) {
+    work->fail(reason);
+    health_->recorder().failed(work->info().seq, reason);
+  }
+  abortCommunicators();
+  // Only now, with their kernels stopped, may the failed ops' tensors go (on a caller's
+  // thread, by releaseCompleted()).
+  std::lock_guard<std::mutex> lock(mutex_);
+  done_.insert(done_.end(), failing.begin(), failing.end());
+}
+
+void Watchdog::abortCommunicators() {
+  std::vector<std::weak_ptr<Communicator>> communicators;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_) {
+      return;
+    }
+    aborted_ = true;
+    communicators = communicators_;
+  }
+  for (const auto& weak : communicators) {
+    if (auto communicator = weak.lock()) {
+      communicator->abort();
+    }
+  }
+}
+
+void Watchdog::releaseAll() {
+  std::vector<c10::intrusive_ptr<Work>> released;
+  std::lock_guard<std::mutex> lock(mutex_);
+  released.swap(inFlight_);
+  released.insert(released.end(), done_.begin(), done_.end());
+  done_.clear();
+}
+
+bool Watchdog::mustAbortAtTeardown() {
+  if (health_->broken()) {
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  collectCompleted();
+  return !inFlight_.empty();
+}
+
+}  // namespace streamnccl
