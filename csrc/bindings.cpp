@@ -9,7 +9,10 @@
 #ifdef STREAMNCCL_WITH_NCCL
 #include "cuda/CudaPath.hpp"
 #include "cuda/NcclCommunicator.hpp"
-#include "fake/Recording.hpp"
+#include "fake/FakeGpu.hpp"
+#include "fake/FakeNcclWorld.hpp"
+#include "fake/RecordingCuda.hpp"
+#include "fake/RecordingNccl.hpp"
 
 #include <cuda_runtime_api.h>
 #endif
@@ -128,32 +131,82 @@ void bindSimulation(py::module_& m) {
 }
 
 #ifdef STREAMNCCL_WITH_NCCL
-// Test-only: a group whose CUDA path runs on the recording fakes of NCCL and CUDA
-// (csrc/fake/). Its CPU tensors take the CUDA path, whose calls are written to the log.
+cudaStreamCaptureMode captureMode(const std::string& name) {
+  if (name == "global") return cudaStreamCaptureModeGlobal;
+  if (name == "thread_local") return cudaStreamCaptureModeThreadLocal;
+  TORCH_CHECK_VALUE(name == "relaxed", "capture mode is global, thread_local or relaxed, not ",
+                    name);
+  return cudaStreamCaptureModeRelaxed;
+}
+
+// Test-only: groups whose CUDA path runs on the fakes of NCCL and CUDA (csrc/fake/). Their CPU
+// tensors take the CUDA path on a fake GPU, whose log and checks the tests read.
 void bindRecording(py::module_& m) {
-  py::class_<fake::CallLog, std::shared_ptr<fake::CallLog>>(m, "_CallLog")
-      .def("calls", &fake::CallLog::calls)
-      .def("clear", &fake::CallLog::clear)
-      .def("fail_next", &fake::CallLog::failNext, py::arg("function"))
-      .def("hold_events", &fake::CallLog::holdEvents, py::arg("held"));
+  using fake::FakeGpu;
+  py::class_<fake::FakeNcclWorld, std::shared_ptr<fake::FakeNcclWorld>>(m, "_FakeNcclWorld")
+      .def(py::init<bool>(), py::arg("simulate_peers"));
+  py::class_<FakeGpu, std::shared_ptr<FakeGpu>>(m, "_FakeGpu")
+      .def("calls", [](FakeGpu& gpu) { return gpu.log().calls(); })
+      .def("clear", [](FakeGpu& gpu) { gpu.log().clear(); })
+      .def("violations", [](FakeGpu& gpu) { return gpu.log().takeViolations(); })
+      .def("buffers",
+           [](FakeGpu& gpu) {
+             std::vector<std::tuple<std::string, uintptr_t, uintptr_t, size_t>> rows;
+             for (const auto& record : gpu.log().buffers()) {
+               rows.emplace_back(record.call, record.send, record.recv, record.bytes);
+             }
+             return rows;
+           })
+      .def(
+          "fail_next", [](FakeGpu& gpu, std::string fn) { gpu.log().failNext(std::move(fn)); },
+          py::arg("function"))
+      .def(
+          "in_progress_next",
+          [](FakeGpu& gpu, std::string fn, int polls) {
+            gpu.log().inProgressNext(std::move(fn), polls);
+          },
+          py::arg("function"), py::arg("polls"))
+      .def(
+          "hold_events", [](FakeGpu& gpu, bool held) { gpu.log().holdEvents(held); },
+          py::arg("held"))
+      .def("contexts", &FakeGpu::contexts)
+      .def("set_device", &FakeGpu::setCurrentDevice, py::arg("index"),
+           "The calling thread's current device (-1: none).")
+      .def_static("current_device", &FakeGpu::currentDevice)
+      .def_static(
+          "forget_thread_device", [] { FakeGpu::forgetCurrentDevice(); },
+          "The calling thread has no current device again (between tests).")
+      .def("use_stream", &FakeGpu::exchangeCurrentStream, py::arg("stream"),
+           "Makes stream S<stream> the calling thread's current one; returns the previous.")
+      .def(
+          "begin_capture",
+          [](FakeGpu& gpu, const std::string& mode) { gpu.beginCapture(captureMode(mode)); },
+          py::arg("mode"))
+      .def("end_capture", &FakeGpu::endCapture);
   m.def(
       "_recording_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout, bool highPriorityStreams) {
-        auto log = std::make_shared<fake::CallLog>();
+         std::chrono::milliseconds timeout, bool highPriorityStreams, bool blockingWait,
+         std::shared_ptr<fake::FakeNcclWorld> world, int deviceIndex, int computeCapability) {
+        if (!world) {
+          world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true);
+        }
+        auto gpu = std::make_shared<FakeGpu>(deviceIndex, computeCapability);
         auto options = c10::make_intrusive<Options>();
         options->timeout = timeout;
         options->highPriorityStreams = highPriorityStreams;
+        options->blockingWait = blockingWait;
         ProcessGroup::PathFactories factories;
-        factories.emplace(
-            c10::kCPU, std::make_unique<CudaPathFactory>(std::make_shared<fake::RecordingNccl>(log),
-                                                         std::make_shared<fake::RecordingCuda>(log),
-                                                         store, rank, size, options));
+        factories.emplace(c10::kCPU, std::make_unique<CudaPathFactory>(
+                                         std::make_shared<fake::RecordingNccl>(gpu, world),
+                                         std::make_shared<fake::RecordingCuda>(gpu, c10::kCPU),
+                                         store, rank, size, options));
         auto group = c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
-        return std::make_pair(NoGilDestructor<ProcessGroup>(group), log);
+        return std::make_pair(NoGilDestructor<ProcessGroup>(group), gpu);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("high_priority_streams") = false);
+      py::arg("high_priority_streams") = false, py::arg("blocking_wait") = false,
+      py::arg("world") = nullptr, py::arg("device_index") = 0, py::arg("compute_capability") = 90);
 }
 #endif
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 SIZE = 3
 CPU = torch.device("cpu")  # the recorded group's "cuda" tensors
-INIT = ["ncclGetUniqueId()", "ncclCommInitRank(nranks=3, rank=0) -> C0"]
+INIT = ["ncclGetUniqueId()", "ncclCommInitRank(nranks=3, rank=0, nonblocking) -> C0"]
 
 
 def recorded_group(high_priority_streams=False, timeout=timedelta(seconds=10)):
@@ -64,7 +64,7 @@ def test_async_all_reduce_follows_the_stream_contract():
     x = torch.ones(4)
     assert run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions))) == [
         *INIT,
-        "getStreamFromPool(highPriority=0) -> S1",  # the internal stream, made on first use
+        "cudaStreamCreateWithPriority(low) -> S1",  # the internal stream, made on first use
         "cudaEventCreate() -> E1",
         "cudaEventRecord(E1, S0)",  # ready: after the caller's work so far
         "cudaStreamWaitEvent(S1, E1)",  # the internal stream waits for it; the host does not
@@ -94,7 +94,7 @@ def test_events_are_pooled_and_the_internal_stream_made_once():
     made = []
     for _ in range(6):
         calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
-        made.append(sum(c.startswith(("cudaEventCreate", "getStreamFromPool")) for c in calls))
+        made.append(sum(c.startswith(("cudaEventCreate", "cudaStreamCreate")) for c in calls))
         assert [c for c in calls if c.startswith("ncclAllReduce")] == [
             "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S1)"
         ]
@@ -104,7 +104,7 @@ def test_events_are_pooled_and_the_internal_stream_made_once():
 def test_high_priority_internal_streams_on_request():
     pg, log = recorded_group(high_priority_streams=True)
     calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(1)], options(AllreduceOptions)))
-    assert "getStreamFromPool(highPriority=1) -> S1" in calls
+    assert "cudaStreamCreateWithPriority(high) -> S1" in calls
 
 
 def premul(factor):
@@ -408,7 +408,7 @@ def async_sequence(nccl_calls):
     """What the first async op of a group calls: the contract around its NCCL calls."""
     return [
         *INIT,
-        "getStreamFromPool(highPriority=0) -> S1",
+        "cudaStreamCreateWithPriority(low) -> S1",
         "cudaEventCreate() -> E1",
         "cudaEventRecord(E1, S0)",
         "cudaStreamWaitEvent(S1, E1)",
@@ -438,38 +438,76 @@ def test_grouped_ops_are_one_nccl_group_and_one_work(call, nccl_calls):
     assert run(pg, log, call) == async_sequence(nccl_calls)
 
 
+def in_order(calls, *expected):
+    """`expected` appear in `calls` in this order (other calls may come between)."""
+    positions = [calls.index(call) for call in expected]
+    return positions == sorted(positions)
+
+
+def after_both_lanes_connect(log):
+    """The log once both lanes of a pair have connected: an op on one lane completes as soon as
+    that lane has, while the other may still be connecting."""
+    deadline = time.monotonic() + 10
+    while sum(c.startswith("ncclCommInitRank") for c in log.calls()) < 2:
+        assert time.monotonic() < deadline, "the lanes did not connect"
+        time.sleep(0.01)
+    return log.calls()
+
+
 def test_send_and_recv_run_on_a_lane_per_peer_and_direction():
     pg, log = recorded_group()
-    send = run(pg, log, lambda pg: pg.send([torch.ones(3)], 1, 0))
-    assert send == [
-        # Both directions' two-rank communicators, low-to-high first, as on rank 1.
+    run(pg, log, lambda pg: pg.send([torch.ones(3)], 1, 0))
+    send = after_both_lanes_connect(log)
+    # Both directions' two-rank communicators connect in the background, each on a thread of
+    # its own, so their calls come in either order. This rank is the lower of the pair: it
+    # makes both unique ids.
+    inits = sorted(c for c in send if c.startswith(("ncclGetUniqueId", "ncclCommInitRank")))
+    assert [c.rsplit(" -> ", 1)[0] for c in inits] == [
+        "ncclCommInitRank(nranks=2, rank=0, nonblocking)",  # 0 -> 1: this rank sends
+        "ncclCommInitRank(nranks=2, rank=1, nonblocking)",  # 1 -> 0: this rank receives
         "ncclGetUniqueId()",
-        "ncclCommInitRank(nranks=2, rank=0) -> C0",  # 0 -> 1: this rank sends
         "ncclGetUniqueId()",
-        "ncclCommInitRank(nranks=2, rank=1) -> C1",  # 1 -> 0: this rank receives
-        "getStreamFromPool(highPriority=0) -> S1",
+    ]
+    sending, receiving = (c.rsplit(" -> ", 1)[1] for c in inits[:2])
+    lane = [c for c in send if c not in inits]
+    assert sorted(lane) == sorted([
+        "cudaStreamCreateWithPriority(low) -> S1",
         "cudaEventCreate() -> E1",
         "cudaEventRecord(E1, S0)",
         "cudaStreamWaitEvent(S1, E1)",
-        "ncclSend(count=12, ncclUint8, peer=1, C0, S1)",
+        f"ncclSend(count=12, ncclUint8, peer=1, {sending}, S1)",
         "cudaEventCreate() -> E2",
         "cudaEventRecord(E2, S1)",
         "cudaStreamWaitEvent(S0, E2)",
-    ]
+    ])  # fmt: skip
+    # On the lane's stream, in the contract's order (the stream's work may wait until the
+    # lane has connected, so the host's own calls can come between).
+    assert in_order(
+        lane,
+        "cudaEventRecord(E1, S0)",
+        "cudaStreamWaitEvent(S1, E1)",
+        f"ncclSend(count=12, ncclUint8, peer=1, {sending}, S1)",
+        "cudaEventRecord(E2, S1)",
+        "cudaStreamWaitEvent(S0, E2)",
+    )
     recv = run(pg, log, lambda pg: pg.recv([torch.empty(3)], 1, 0))
-    assert [c for c in recv if not c.startswith("cuda")] == [
-        "getStreamFromPool(highPriority=0) -> S2",  # the receiving lane's own stream
-        "ncclRecv(count=12, ncclUint8, peer=0, C1, S2)",  # rank 1 is rank 0 of C1
+    assert [c for c in recv if not c.startswith(("cudaEvent", "cudaStreamWait"))] == [
+        "cudaStreamCreateWithPriority(low) -> S2",  # the receiving lane's own stream
+        f"ncclRecv(count=12, ncclUint8, peer=0, {receiving}, S2)",  # rank 1 is rank 0 of it
     ]
     # A second peer opens its own lanes; the group's communicator is never touched.
-    other = run(pg, log, lambda pg: pg.send([torch.ones(1)], 2, 0))
-    assert [c for c in other if c.startswith("nccl")] == [
-        "ncclGetUniqueId()",
-        "ncclCommInitRank(nranks=2, rank=0) -> C2",
-        "ncclGetUniqueId()",
-        "ncclCommInitRank(nranks=2, rank=1) -> C3",
-        "ncclSend(count=4, ncclUint8, peer=1, C2, S3)",
+    run(pg, log, lambda pg: pg.send([torch.ones(1)], 2, 0))
+    nccl = [c for c in after_both_lanes_connect(log) if c.startswith("nccl")]
+    assert sorted(c.rsplit(" -> ", 1)[0] for c in nccl if "Init" in c) == [
+        "ncclCommInitRank(nranks=2, rank=0, nonblocking)",
+        "ncclCommInitRank(nranks=2, rank=1, nonblocking)",
     ]
+    assert nccl.count("ncclGetUniqueId()") == 2
+    (sent,) = [c for c in nccl if c.startswith("ncclSend")]
+    assert sent.startswith("ncclSend(count=4, ncclUint8, peer=1, C") and sent.endswith(", S3)")
+    assert sent not in (
+        f"ncclSend(count=4, ncclUint8, peer=1, {name}, S3)" for name in ("C0", sending, receiving)
+    )
 
 
 def test_recv_from_any_source_is_refused_at_the_call():
@@ -492,9 +530,12 @@ def test_destroying_the_group_destroys_its_communicators():
     pg, log = recorded_group()
     run(pg, log, lambda pg: pg.allreduce([torch.ones(1)], options(AllreduceOptions)))
     run(pg, log, lambda pg: pg.send([torch.ones(1)], 1, 0))
+    after_both_lanes_connect(log)
     log.clear()
     del pg
     assert sorted(log.calls()) == [
+        "cudaStreamDestroy(S1)",  # the group's internal stream and the lane's: ours to destroy
+        "cudaStreamDestroy(S2)",
         "ncclCommDestroy(C0)",
         "ncclCommDestroy(C1)",
         "ncclCommDestroy(C2)",
@@ -582,7 +623,9 @@ def test_abort_returns_at_once_and_fails_what_is_in_flight():
     assert time.monotonic() - started < 1
     assert log.calls() == ["ncclCommAbort(C0)"]
     for work in works:
-        with pytest.raises(dist.DistBackendError, match="the group broke: .* aborted by the caller"):
+        with pytest.raises(
+            dist.DistBackendError, match="the group broke: .* aborted by the caller"
+        ):
             work.wait()
     with pytest.raises(dist.DistBackendError, match="aborted by the caller"):
         pg.allreduce([torch.ones(4)], options(AllreduceOptions))

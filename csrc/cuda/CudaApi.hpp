@@ -1,8 +1,11 @@
 #pragma once
 
-// The CUDA streams and events the NCCL path uses, behind one interface so that the recording
-// fake (csrc/fake/) can stand in for the runtime where there is no GPU. runtime() is the real
-// one, over c10's CUDA streams and the CUDA runtime's events.
+// The CUDA runtime calls the NCCL path makes, one virtual each and nothing more, so that the
+// recording fake (csrc/fake/) can stand in for the runtime where there is no GPU and check
+// each call as the runtime would: against the calling thread's current device and stream
+// capture, and the devices of the streams and events it names. runtime() forwards to the CUDA
+// runtime and c10's per-thread current streams. It sets no device of its own: callers make
+// the device current with useDevice() wherever a call needs it.
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -12,6 +15,12 @@
 
 namespace streamnccl {
 
+// While alive, a device is the calling thread's current one (see CudaApi::useDevice).
+class DeviceScope {
+ public:
+  virtual ~DeviceScope() = default;
+};
+
 class CudaApi {
  public:
   virtual ~CudaApi() = default;
@@ -19,18 +28,35 @@ class CudaApi {
 
   // Throws c10::Error with the reason when this process cannot use `device`.
   virtual void checkUsable(const c10::Device& device) = 0;
+  // Makes `device` the calling thread's current device until the scope ends, then the previous
+  // one again. A thread that had none gets none back: a fresh thread that touched the runtime
+  // without a device would make a context on device 0 (hundreds of MiB on someone's GPU).
+  virtual std::unique_ptr<DeviceScope> useDevice(const c10::Device& device) = 0;
+  // major * 10 + minor.
+  virtual int computeCapability(const c10::Device& device) = 0;
+
   // The calling thread's current stream on `device`.
   virtual c10::Stream currentStream(const c10::Device& device) = 0;
-  virtual c10::Stream streamFromPool(const c10::Device& device, bool highPriority) = 0;
   // Makes `stream` current on its device for the calling thread; returns the one it replaced.
   virtual c10::Stream exchangeCurrentStream(c10::Stream stream) = 0;
+  // cudaStreamCreateWithPriority(cudaStreamNonBlocking) on the current device: a stream of
+  // the caller's own, unlike c10's pool, which hands the same streams to users too.
+  virtual c10::Stream createStream(bool highPriority) = 0;
+  virtual void destroyStream(c10::Stream stream) = 0;
   virtual cudaStream_t native(c10::Stream stream) = 0;
+  // cudaStreamIsCapturing: whether work enqueued on `stream` now goes into a CUDA graph.
+  virtual bool isCapturing(c10::Stream stream) = 0;
+  // cudaThreadExchangeStreamCaptureMode for the calling thread; returns the previous mode.
+  virtual cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode) = 0;
 
-  virtual cudaEvent_t createEvent(const c10::Device& device) = 0;
-  virtual void destroyEvent(const c10::Device& device, cudaEvent_t event) = 0;
+  // cudaEventCreateWithFlags(cudaEventDisableTiming) on the current device.
+  virtual cudaEvent_t createEvent() = 0;
+  virtual void destroyEvent(cudaEvent_t event) = 0;
+  // With the stream's device current.
   virtual void recordEvent(cudaEvent_t event, c10::Stream stream) = 0;
   virtual void streamWaitEvent(c10::Stream stream, cudaEvent_t event) = 0;
-  // True once the recorded work has run. Never blocks.
+  // cudaEventQuery, with the event's device current: true once the recorded work has run;
+  // never blocks. Throws on an error, as for an event recorded during a capture.
   virtual bool queryEvent(cudaEvent_t event) = 0;
 };
 

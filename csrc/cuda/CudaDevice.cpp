@@ -1,26 +1,103 @@
 #include "cuda/CudaDevice.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <thread>
 
 namespace streamnccl {
 namespace {
 
+// What an Event's deferred issues share: the pooled CUDA event, back in the pool only once
+// nothing can still record or wait on it.
+struct EventState {
+  EventState(std::shared_ptr<CudaApi> cuda, std::shared_ptr<CudaEventPool> pool, c10::Device device)
+      : cuda(std::move(cuda)), pool(std::move(pool)), device(device), event(this->pool->take()) {}
+  ~EventState() { pool->give(event); }
+
+  void markRecorded() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      recorded = true;
+    }
+    changed.notify_all();
+  }
+  bool waitRecorded(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return changed.wait_for(lock, timeout, [&] { return recorded; });
+  }
+  void waitUntilRecorded() {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return recorded; });
+  }
+  bool isRecorded() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return recorded;
+  }
+
+  const std::shared_ptr<CudaApi> cuda;
+  const std::shared_ptr<CudaEventPool> pool;
+  const c10::Device device;
+  const cudaEvent_t event;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool recorded = false;  // issued: its record on a gated stream may come later
+};
+
+// Queries in thread-local capture mode: a query from a thread that is not capturing must not
+// invalidate another thread's global-mode capture (the watchdog queries while users capture).
+class CaptureModeScope {
+ public:
+  explicit CaptureModeScope(CudaApi& cuda)
+      : cuda_(cuda), previous_(cuda.exchangeCaptureMode(cudaStreamCaptureModeThreadLocal)) {}
+  ~CaptureModeScope() { cuda_.exchangeCaptureMode(previous_); }
+  CaptureModeScope(const CaptureModeScope&) = delete;
+  CaptureModeScope& operator=(const CaptureModeScope&) = delete;
+
+ private:
+  CudaApi& cuda_;
+  const cudaStreamCaptureMode previous_;
+};
+
 class CudaEvent final : public Event {
  public:
-  CudaEvent(std::shared_ptr<CudaApi> cuda, std::shared_ptr<CudaEventPool> pool)
-      : cuda_(std::move(cuda)), pool_(std::move(pool)), event_(pool_->take()) {}
-  ~CudaEvent() override { pool_->give(event_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
+  CudaEvent(CudaDevice& device, std::shared_ptr<CudaEventPool> pool)
+      : device_(device),
+        state_(std::make_shared<EventState>(device.cuda(), std::move(pool), device.device())) {}
 
-  void record(c10::Stream stream) override { cuda_->recordEvent(event_, stream); }
-  void block(c10::Stream stream) override { cuda_->streamWaitEvent(stream, event_); }
-  bool query() override { return cuda_->queryEvent(event_); }
+  void record(c10::Stream stream) override {
+    device_.issueFor(stream, [state = state_, stream] {
+      auto onDevice = state->cuda->useDevice(state->device);
+      state->cuda->recordEvent(state->event, stream);
+      state->markRecorded();
+    });
+  }
+
+  void block(c10::Stream stream) override {
+    device_.issueFor(stream, [state = state_, stream] {
+      // A stream outside the gate waits on the host until the event's record is issued (a
+      // gated lane issues it once its communicator has connected, or failed to).
+      state->waitUntilRecorded();
+      auto onDevice = state->cuda->useDevice(state->device);
+      state->cuda->streamWaitEvent(stream, state->event);
+    });
+  }
+
+  bool query() override {
+    if (!state_->isRecorded()) {
+      return false;
+    }
+    auto onDevice = state_->cuda->useDevice(state_->device);  // no context on device 0
+    CaptureModeScope threadLocal(*state_->cuda);
+    return state_->cuda->queryEvent(state_->event);
+  }
 
   bool synchronize(std::chrono::milliseconds timeout) override {
     // Polled rather than cudaEventSynchronize, which cannot time out.
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    if (!state_->waitRecorded(timeout)) {
+      return false;
+    }
     auto pause = std::chrono::microseconds(20);
     while (!query()) {
       if (std::chrono::steady_clock::now() >= deadline) {
@@ -33,9 +110,8 @@ class CudaEvent final : public Event {
   }
 
  private:
-  const std::shared_ptr<CudaApi> cuda_;
-  const std::shared_ptr<CudaEventPool> pool_;
-  const cudaEvent_t event_;
+  CudaDevice& device_;
+  const std::shared_ptr<EventState> state_;
 };
 
 // Makes a stream current for a scope, as c10's CUDAStreamGuard, through the CudaApi.
@@ -54,12 +130,40 @@ class CurrentStreamGuard {
 
 }  // namespace
 
+void StreamGate::pass(std::function<void()> issue) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!open_ || !waiting_.empty()) {
+      waiting_.push_back(std::move(issue));
+      return;
+    }
+  }
+  issue();
+}
+
+void StreamGate::open() {
+  while (true) {
+    std::function<void()> issue;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (waiting_.empty()) {
+        open_ = true;
+        return;
+      }
+      issue = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    issue();
+  }
+}
+
 CudaEventPool::CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device)
     : cuda_(std::move(cuda)), device_(device) {}
 
 CudaEventPool::~CudaEventPool() {
+  auto onDevice = cuda_->useDevice(device_);
   for (cudaEvent_t event : free_) {
-    cuda_->destroyEvent(device_, event);
+    cuda_->destroyEvent(event);
   }
 }
 
@@ -72,7 +176,8 @@ cudaEvent_t CudaEventPool::take() {
       return event;
     }
   }
-  return cuda_->createEvent(device_);
+  auto onDevice = cuda_->useDevice(device_);
+  return cuda_->createEvent();
 }
 
 // An event may go back still pending: a stream that waits on it has already captured that
@@ -89,19 +194,45 @@ CudaDevice::CudaDevice(std::shared_ptr<CudaApi> cuda, c10::Device device, bool h
       highPriority_(highPriority),
       events_(std::make_shared<CudaEventPool>(cuda_, device)) {}
 
+CudaDevice::~CudaDevice() {
+  if (internal_) {
+    // The runtime frees the stream once the work queued on it has run.
+    auto onDevice = cuda_->useDevice(device_);
+    cuda_->destroyStream(*internal_);
+  }
+}
+
 c10::Stream CudaDevice::internalStream() {
-  std::call_once(internalCreated_,
-                 [&] { internal_ = cuda_->streamFromPool(device_, highPriority_); });
+  std::call_once(internalCreated_, [&] {
+    auto onDevice = cuda_->useDevice(device_);
+    internal_ = cuda_->createStream(highPriority_);
+  });
   return *internal_;
 }
 
 std::unique_ptr<Event> CudaDevice::createEvent() {
-  return std::make_unique<CudaEvent>(cuda_, events_);
+  return std::make_unique<CudaEvent>(*this, events_);
+}
+
+void CudaDevice::issueFor(c10::Stream stream, std::function<void()> issue) {
+  if (gate_ && internal_ && stream == *internal_) {
+    gate_->pass(std::move(issue));
+  } else {
+    issue();
+  }
 }
 
 void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
-  CurrentStreamGuard guard(*cuda_, stream);
-  task();
+  issueFor(stream, [cuda = cuda_, device = device_, stream, task = std::move(task)] {
+    auto onDevice = cuda->useDevice(device);
+    CurrentStreamGuard guard(*cuda, stream);
+    task();
+  });
+}
+
+bool CudaDevice::isCapturing(c10::Stream stream) {
+  auto onDevice = cuda_->useDevice(device_);
+  return cuda_->isCapturing(stream);
 }
 
 }  // namespace streamnccl

@@ -3,6 +3,8 @@
 #include "core/Device.hpp"
 #include "cuda/CudaApi.hpp"
 
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,19 +32,45 @@ class CudaEventPool {
   std::vector<cudaEvent_t> free_;
 };
 
-// The Device of the NCCL path: the caller's current CUDA stream, one internal stream per
-// group and device (from c10's pool, made on first async op), and pooled CUDA events.
+// Work for one stream, held back until the gate opens, then issued in order by the thread that
+// opens it; once open (and drained) work passes at once.
+class StreamGate {
+ public:
+  void pass(std::function<void()> issue);
+  void open();
+
+ private:
+  std::mutex mutex_;
+  std::deque<std::function<void()>> waiting_;
+  bool open_ = false;
+};
+
+// The Device of the NCCL path: the caller's current CUDA stream, one internal stream of its
+// own per group and device (made on the first async op), and pooled CUDA events. Everything
+// it issues, from any thread, is issued with its device current.
 class CudaDevice final : public Device {
  public:
   CudaDevice(std::shared_ptr<CudaApi> cuda, c10::Device device, bool highPriority);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
 
   c10::Device device() const override { return device_; }
   c10::Stream currentStream() override { return cuda_->currentStream(device_); }
   c10::Stream internalStream() override;
   std::unique_ptr<Event> createEvent() override;
-  // Runs the task now, with `stream` current on this device, so that the NCCL calls and ATen
-  // kernels it issues are enqueued on `stream`.
+  // Runs the task now, with this device and `stream` current, so that the NCCL calls and ATen
+  // kernels it issues are enqueued on `stream` (on a gated internal stream: when it opens).
   void enqueue(c10::Stream stream, std::function<void()> task) override;
+  bool isCapturing(c10::Stream stream) override;
+
+  // A lane's device: until `gate` opens (its communicator has connected), what is issued for
+  // the internal stream waits in it, so the host goes on. See NcclConnection.
+  void gateInternalStream(std::shared_ptr<StreamGate> gate) { gate_ = std::move(gate); }
+  // Issues `issue` for `stream`: through the gate when it is the gated internal stream.
+  void issueFor(c10::Stream stream, std::function<void()> issue);
+
+  const std::shared_ptr<CudaApi>& cuda() const { return cuda_; }
 
  private:
   const std::shared_ptr<CudaApi> cuda_;
@@ -51,6 +79,7 @@ class CudaDevice final : public Device {
   std::once_flag internalCreated_;
   std::optional<c10::Stream> internal_;
   const std::shared_ptr<CudaEventPool> events_;
+  std::shared_ptr<StreamGate> gate_;
 };
 
 }  // namespace streamnccl

@@ -27,32 +27,51 @@ CudaPathFactory::CudaPathFactory(std::shared_ptr<NcclApi> nccl, std::shared_ptr<
 
 std::unique_ptr<Path> CudaPathFactory::open(const c10::Device& device) {
   cuda_->checkUsable(device);
+  int number = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    number = communicatorsOpened_++;
+  }
   auto path = std::make_unique<Path>();
   path->device = std::make_shared<CudaDevice>(cuda_, device, options_->useHighPriorityStreams());
   path->communicator = std::make_shared<NcclCommunicator>(
-      nccl_, cuda_, *store_, rank_, size_, device,
+      nccl_, cuda_, store_, rank_, size_, device,
       NcclMembership{{},
-                     "streamnccl/ncclUniqueId/" + std::to_string(communicatorsOpened_++),
-                     rankName(rank_, size_, device) + "]"});
+                     "streamnccl/ncclUniqueId/" + std::to_string(number),
+                     rankName(rank_, size_, device) + "]"},
+      options_->timeout);
   return path;
 }
 
-PeerLanes CudaPathFactory::openPeer(const c10::Device& device, int peer) {
-  cuda_->checkUsable(device);
+PeerLanes CudaPathFactory::openPeer(const c10::Device& requested, int peer) {
+  cuda_->checkUsable(requested);
   const int low = std::min(rank_, peer);
   const int high = std::max(rank_, peer);
+  int number = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    number = lanesOpened_[peer]++;
+  }
   const std::string pair = "streamnccl/p2p/" + std::to_string(low) + "-" + std::to_string(high) +
-                           "/" + std::to_string(lanesOpened_[peer]++);
-  // Both ranks open the low-to-high direction first: each init waits for the other rank.
+                           "/" + std::to_string(number);
+  // Each lane connects in the background; until it has, its stream's work waits in a gate, so
+  // that this rank's first message to a peer never waits for that peer's own first contact.
   auto lane = [&](int from, int to) {
-    auto path = std::make_unique<Path>();
-    path->device = std::make_shared<CudaDevice>(cuda_, device, options_->useHighPriorityStreams());
-    path->communicator = std::make_shared<NcclCommunicator>(
-        nccl_, cuda_, *store_, rank_, size_, device,
+    auto device =
+        std::make_shared<CudaDevice>(cuda_, requested, options_->useHighPriorityStreams());
+    auto communicator = std::make_shared<NcclCommunicator>(
+        nccl_, cuda_, store_, rank_, size_, requested,
         NcclMembership{{from, to},
                        pair + "/" + std::to_string(from) + "-to-" + std::to_string(to),
-                       rankName(rank_, size_, device) + " lane " + std::to_string(from) + "->" +
-                           std::to_string(to) + "]"});
+                       rankName(rank_, size_, requested) + " lane " + std::to_string(from) + "->" +
+                           std::to_string(to) + "]"},
+        options_->timeout);
+    auto gate = std::make_shared<StreamGate>();
+    device->gateInternalStream(gate);
+    communicator->whenConnected([gate] { gate->open(); });
+    auto path = std::make_unique<Path>();
+    path->device = std::move(device);
+    path->communicator = std::move(communicator);
     return path;
   };
   auto lowToHigh = lane(low, high);

@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -40,6 +41,7 @@ class CudaPathFactory final : public PathFactory {
   const c10::intrusive_ptr<Options> options_;
   // Ranks open their devices in the same op order, so the n-th communicator of each rank
   // shares the n-th unique id, whatever device index each rank uses.
+  std::mutex mutex_;  // paths of different devices and peers open concurrently
   int communicatorsOpened_ = 0;
   // Likewise per peer: the n-th lanes two ranks open to each other meet under the same keys.
   std::unordered_map<int, int> lanesOpened_;

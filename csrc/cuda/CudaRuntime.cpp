@@ -1,4 +1,4 @@
-// CudaApi::runtime(): c10's CUDA streams and the CUDA runtime's events.
+// CudaApi::runtime(): the CUDA runtime and c10's per-thread current streams, one call each.
 
 #include "cuda/CudaApi.hpp"
 
@@ -10,6 +10,15 @@
 namespace streamnccl {
 namespace {
 
+class CudaDeviceScope final : public DeviceScope {
+ public:
+  explicit CudaDeviceScope(const c10::Device& device) : guard_(device) {}
+
+ private:
+  // c10's guard restores "no device" to a thread that had none, without making a context.
+  c10::cuda::OptionalCUDAGuard guard_;
+};
+
 class CudaRuntime final : public CudaApi {
  public:
   void checkUsable(const c10::Device& device) override {
@@ -20,38 +29,63 @@ class CudaRuntime final : public CudaApi {
     TORCH_CHECK(device.index() < visible, "this process sees ", static_cast<int>(visible),
                 " CUDA device(s), so ", device, " does not exist");
   }
+  std::unique_ptr<DeviceScope> useDevice(const c10::Device& device) override {
+    return std::make_unique<CudaDeviceScope>(device);
+  }
+  int computeCapability(const c10::Device& device) override {
+    int major = 0;
+    int minor = 0;
+    C10_CUDA_CHECK(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
+    C10_CUDA_CHECK(
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index()));
+    return major * 10 + minor;
+  }
+
   c10::Stream currentStream(const c10::Device& device) override {
     return c10::cuda::getCurrentCUDAStream(device.index()).unwrap();
-  }
-  c10::Stream streamFromPool(const c10::Device& device, bool highPriority) override {
-    return c10::cuda::getStreamFromPool(highPriority, device.index()).unwrap();
   }
   c10::Stream exchangeCurrentStream(c10::Stream stream) override {
     const c10::Stream previous = currentStream(stream.device());
     c10::cuda::setCurrentCUDAStream(c10::cuda::CUDAStream(stream));
     return previous;
   }
+  c10::Stream createStream(bool highPriority) override {
+    int leastPriority = 0;
+    int greatestPriority = 0;
+    C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&leastPriority, &greatestPriority));
+    cudaStream_t stream = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
+                                                highPriority ? greatestPriority : leastPriority));
+    return c10::cuda::getStreamFromExternal(stream, c10::cuda::current_device()).unwrap();
+  }
+  void destroyStream(c10::Stream stream) override {
+    C10_CUDA_CHECK_WARN(cudaStreamDestroy(native(stream)));
+  }
   cudaStream_t native(c10::Stream stream) override {
     return c10::cuda::CUDAStream(stream).stream();
   }
+  bool isCapturing(c10::Stream stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(native(stream), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+  cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode) override {
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    return mode;
+  }
 
-  cudaEvent_t createEvent(const c10::Device& device) override {
-    c10::cuda::CUDAGuard guard(device);
+  cudaEvent_t createEvent() override {
     cudaEvent_t event = nullptr;
     // Timing off: a timing event costs more to record and is not needed to order streams.
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     return event;
   }
-  void destroyEvent(const c10::Device& device, cudaEvent_t event) override {
-    c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
-  }
+  void destroyEvent(cudaEvent_t event) override { C10_CUDA_CHECK_WARN(cudaEventDestroy(event)); }
   void recordEvent(cudaEvent_t event, c10::Stream stream) override {
-    c10::cuda::CUDAGuard guard(stream.device());
     C10_CUDA_CHECK(cudaEventRecord(event, native(stream)));
   }
   void streamWaitEvent(c10::Stream stream, cudaEvent_t event) override {
-    c10::cuda::CUDAGuard guard(stream.device());
     C10_CUDA_CHECK(cudaStreamWaitEvent(native(stream), event, 0));
   }
   bool queryEvent(cudaEvent_t event) override {

@@ -2,7 +2,8 @@
 
 // Every NCCL function the NCCL path calls, as one virtual each with NCCL's own parameters, so
 // that the recording fake (csrc/fake/) can stand in for the library where there is no GPU.
-// library() is the real NCCL: each function forwards to its namesake and nothing else.
+// library() is the real NCCL: each function forwards to its namesake and nothing else (the
+// caller makes the communicator's device current, as for CudaApi).
 
 #include <c10/core/Device.h>
 #include <cuda_runtime_api.h>
@@ -19,9 +20,9 @@ class NcclApi {
 
   virtual ncclResult_t getVersion(int* version) = 0;
   virtual ncclResult_t getUniqueId(ncclUniqueId* id) = 0;
-  // With `device` current, as NCCL requires.
-  virtual ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                    c10::Device device) = 0;
+  // On the calling thread's current device, which becomes the communicator's.
+  virtual ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                          ncclConfig_t* config) = 0;
   virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
   virtual ncclResult_t commAbort(ncclComm_t comm) = 0;
   virtual ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) = 0;

@@ -7,12 +7,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 namespace streamnccl {
 namespace {
 
-ncclDataType_t ncclType(at::ScalarType dtype) {
+std::optional<ncclDataType_t> ncclTypeOf(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:
       return ncclFloat32;
@@ -45,9 +46,16 @@ ncclDataType_t ncclType(at::ScalarType dtype) {
     case at::kUInt64:
       return ncclUint64;
     default:
-      break;
+      return std::nullopt;
   }
-  TORCH_CHECK_TYPE(false, "streamnccl: dtype ", dtype, " has no NCCL equivalent");
+}
+
+// Every buffer reaches here checked: movement ops pass bytes, reductions passed
+// reductionRefusal() at the call.
+ncclDataType_t ncclType(at::ScalarType dtype) {
+  auto type = ncclTypeOf(dtype);
+  TORCH_INTERNAL_ASSERT(type, "streamnccl: dtype ", dtype, " has no NCCL equivalent");
+  return *type;
 }
 
 ncclRedOp_t ncclOp(ReduceKind kind) {
@@ -75,29 +83,27 @@ ncclRedOp_t ncclOp(ReduceKind kind) {
 }  // namespace
 
 // The ncclRedOp_t of one call: a built-in op, or a PreMulSum op made for the call and
-// destroyed once it is enqueued (NCCL allows that: the enqueued call keeps what it needs).
+// destroyed once it is issued (NCCL allows that: the issued call keeps what it needs).
 class NcclCommunicator::ScopedRedOp {
  public:
-  ScopedRedOp(NcclCommunicator& communicator, const ReduceOp& op, ncclDataType_t type)
-      : communicator_(communicator) {
+  ScopedRedOp(const NcclConnection::Use& use, const ReduceOp& op, ncclDataType_t type,
+              NcclApi& nccl, const std::string& who)
+      : use_(use), nccl_(nccl), who_(who) {
     if (op.kind != ReduceKind::PreMulSum) {
       op_ = ncclOp(op.kind);
       return;
     }
-    // A factor on the host is read now; one on the device when the reduction runs.
-    const auto residence = op.factor.is_cpu() ? ncclScalarHostImmediate : ncclScalarDevice;
-    STREAMNCCL_NCCL_CHECK(
-        *communicator.nccl_, "ncclRedOpCreatePreMulSum",
-        redOpCreatePreMulSum(&op_, op.factor.data_ptr(), type, residence, communicator.comm_),
-        communicator.who_, communicator.comm_);
+    // A scalar is read now, from the host; a tensor factor when the reduction runs.
+    const auto residence = op.factorOnHost ? ncclScalarHostImmediate : ncclScalarDevice;
+    use.check("ncclRedOpCreatePreMulSum",
+              nccl.redOpCreatePreMulSum(&op_, op.factor.data_ptr(), type, residence, use.comm()));
     created_ = true;
   }
   ~ScopedRedOp() {
     if (created_) {
-      const ncclResult_t result = communicator_.nccl_->redOpDestroy(op_, communicator_.comm_);
+      const ncclResult_t result = nccl_.redOpDestroy(op_, use_.comm());
       if (result != ncclSuccess) {
-        LOG(WARNING) << communicator_.who_
-                     << " ncclRedOpDestroy failed: " << communicator_.nccl_->getErrorString(result);
+        LOG(WARNING) << who_ << " ncclRedOpDestroy failed: " << nccl_.getErrorString(result);
       }
     }
   }
@@ -107,48 +113,31 @@ class NcclCommunicator::ScopedRedOp {
   ncclRedOp_t get() const { return op_; }
 
  private:
-  NcclCommunicator& communicator_;
+  const NcclConnection::Use& use_;
+  NcclApi& nccl_;
+  const std::string& who_;
   ncclRedOp_t op_ = ncclSum;
   bool created_ = false;
 };
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
-                                   c10d::Store& store, int groupRank, int groupSize,
-                                   c10::Device device, NcclMembership membership)
+                                   c10::intrusive_ptr<c10d::Store> store, int groupRank,
+                                   int groupSize, c10::Device device, NcclMembership membership,
+                                   std::chrono::milliseconds timeout)
     : nccl_(std::move(nccl)),
       cuda_(std::move(cuda)),
       who_(std::move(membership.who)),
-      members_(std::move(membership.members)) {
-  const int size = members_.empty() ? groupSize : static_cast<int>(members_.size());
-  const int rank = commRank(groupRank);
-  // The member of lowest group rank makes the id, so rank 0 never waits for one.
-  const bool makesId = members_.empty()
-                           ? groupRank == 0
-                           : groupRank == *std::min_element(members_.begin(), members_.end());
-  ncclUniqueId id;
-  if (makesId) {
-    STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGetUniqueId", getUniqueId(&id), who_, nullptr);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store.set(membership.idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
-  } else {
-    const std::vector<uint8_t> bytes = store.get(membership.idKey);
-    TORCH_INTERNAL_ASSERT(bytes.size() == sizeof(id), "streamnccl: malformed NCCL unique id");
-    std::memcpy(&id, bytes.data(), sizeof(id));
-  }
-  ncclComm_t comm = nullptr;
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclCommInitRank", commInitRank(&comm, size, id, rank, device),
-                        who_, nullptr);
-  comm_ = comm;
-}
+      members_(std::move(membership.members)),
+      computeCapability_(cuda_->computeCapability(device)),
+      connection_(NcclConnection::open(NcclConnection::Settings{
+          nccl_, cuda_, std::move(store), device,
+          members_.empty() ? groupSize : static_cast<int>(members_.size()), commRank(groupRank),
+          // The member of lowest group rank makes the id, so rank 0 never waits for one.
+          members_.empty() ? groupRank == 0
+                           : groupRank == *std::min_element(members_.begin(), members_.end()),
+          std::move(membership.idKey), who_, timeout})) {}
 
-NcclCommunicator::~NcclCommunicator() {
-  if (ncclComm_t comm = comm_.load()) {
-    const ncclResult_t result = nccl_->commDestroy(comm);
-    if (result != ncclSuccess) {
-      LOG(WARNING) << who_ << " ncclCommDestroy failed: " << nccl_->getErrorString(result);
-    }
-  }
-}
+NcclCommunicator::~NcclCommunicator() { connection_->abandon(); }
 
 int NcclCommunicator::commRank(int groupRank) const {
   if (members_.empty()) {
@@ -158,6 +147,20 @@ int NcclCommunicator::commRank(int groupRank) const {
   TORCH_INTERNAL_ASSERT(found != members_.end(), who_, " group rank ", groupRank,
                         " is not a member of this communicator");
   return static_cast<int>(found - members_.begin());
+}
+
+std::string NcclCommunicator::reductionRefusal(at::ScalarType dtype) const {
+  if (!ncclTypeOf(dtype)) {
+    return "NCCL cannot reduce dtype " + std::string(c10::toString(dtype)) +
+           ": it has no NCCL datatype (ops that only move data take every dtype)";
+  }
+  if (at::isFloat8Type(dtype) && computeCapability_ < 90) {
+    return "NCCL cannot reduce dtype " + std::string(c10::toString(dtype)) +
+           " on this GPU: float8 reductions need compute capability 9.0 (sm90) or newer, this "
+           "one has " +
+           std::to_string(computeCapability_ / 10) + "." + std::to_string(computeCapability_ % 10);
+  }
+  return {};
 }
 
 bool NcclCommunicator::supportsAvg(at::ScalarType dtype) const {
@@ -171,99 +174,71 @@ bool NcclCommunicator::supportsPreMulSum(at::ScalarType dtype) const {
 
 void NcclCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
                                  const ReduceOp& op, c10::Stream stream) {
+  auto use = connection_->use("ncclAllReduce");
   const ncclDataType_t type = ncclType(input.scalar_type());
-  ScopedRedOp redOp(*this, op, type);
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclAllReduce",
-                        allReduce(input.data_ptr(), output.data_ptr(), input.numel(), type,
-                                  redOp.get(), comm_, cuda_->native(stream)),
-                        who_, comm_);
+  ScopedRedOp redOp(use, op, type, *nccl_, who_);
+  use.check("ncclAllReduce",
+            nccl_->allReduce(input.data_ptr(), output.data_ptr(), input.numel(), type, redOp.get(),
+                             use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(
-      *nccl_, "ncclBroadcast",
-      broadcast(input.data_ptr(), output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
-                commRank(root), comm_, cuda_->native(stream)),
-      who_, comm_);
+  auto use = connection_->use("ncclBroadcast");
+  use.check("ncclBroadcast", nccl_->broadcast(input.data_ptr(), output.data_ptr(), output.numel(),
+                                              ncclType(output.scalar_type()), commRank(root),
+                                              use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
                                  c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclAllGather",
-                        allGather(input.data_ptr(), output.data_ptr(), input.numel(),
-                                  ncclType(input.scalar_type()), comm_, cuda_->native(stream)),
-                        who_, comm_);
+  auto use = connection_->use("ncclAllGather");
+  use.check("ncclAllGather",
+            nccl_->allGather(input.data_ptr(), output.data_ptr(), input.numel(),
+                             ncclType(input.scalar_type()), use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                               int root, c10::Stream stream) {
+  auto use = connection_->use("ncclReduce");
   const ncclDataType_t type = ncclType(input.scalar_type());
-  ScopedRedOp redOp(*this, op, type);
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclReduce",
-                        reduce(input.data_ptr(), output.data_ptr(), input.numel(), type,
-                               redOp.get(), commRank(root), comm_, cuda_->native(stream)),
-                        who_, comm_);
+  ScopedRedOp redOp(use, op, type, *nccl_, who_);
+  use.check("ncclReduce",
+            nccl_->reduce(input.data_ptr(), output.data_ptr(), input.numel(), type, redOp.get(),
+                          commRank(root), use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
                                      const ReduceOp& op, c10::Stream stream) {
+  auto use = connection_->use("ncclReduceScatter");
   const ncclDataType_t type = ncclType(input.scalar_type());
-  ScopedRedOp redOp(*this, op, type);
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclReduceScatter",
-                        reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
-                                      redOp.get(), comm_, cuda_->native(stream)),
-                        who_, comm_);
+  ScopedRedOp redOp(use, op, type, *nccl_, who_);
+  use.check("ncclReduceScatter",
+            nccl_->reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
+                                 redOp.get(), use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::send(const at::Tensor& input, int peer, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclSend",
-                        send(input.data_ptr(), input.numel(), ncclType(input.scalar_type()),
-                             commRank(peer), comm_, cuda_->native(stream)),
-                        who_, comm_);
+  auto use = connection_->use("ncclSend");
+  use.check("ncclSend", nccl_->send(input.data_ptr(), input.numel(), ncclType(input.scalar_type()),
+                                    commRank(peer), use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stream) {
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclRecv",
-                        recv(output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
-                             commRank(peer), comm_, cuda_->native(stream)),
-                        who_, comm_);
+  auto use = connection_->use("ncclRecv");
+  use.check("ncclRecv",
+            nccl_->recv(output.data_ptr(), output.numel(), ncclType(output.scalar_type()),
+                        commRank(peer), use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::groupStart() {
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupStart", groupStart(), who_, comm_);
+  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupStart", groupStart(), who_, nullptr);
 }
 
 void NcclCommunicator::groupEnd() {
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupEnd", groupEnd(), who_, comm_);
-}
-
-void NcclCommunicator::abort() {
-  ncclComm_t comm = comm_.exchange(nullptr);  // not destroyed again at destruction
-  if (comm != nullptr) {
-    const ncclResult_t result = nccl_->commAbort(comm);
-    if (result != ncclSuccess) {
-      LOG(WARNING) << who_ << " ncclCommAbort failed: " << nccl_->getErrorString(result);
-    }
-  }
-}
-
-std::string NcclCommunicator::asyncError() {
-  ncclComm_t comm = comm_.load();
-  if (comm == nullptr) {
-    return {};
-  }
-  ncclResult_t asyncResult = ncclSuccess;
-  const ncclResult_t result = nccl_->commGetAsyncError(comm, &asyncResult);
-  if (result != ncclSuccess) {
-    return who_ + " ncclCommGetAsyncError failed: " + nccl_->getErrorString(result);
-  }
-  if (asyncResult == ncclSuccess || asyncResult == ncclInProgress) {
-    return {};
-  }
-  const char* detail = nccl_->getLastError(comm);
-  return who_ + " asynchronous NCCL error: " + nccl_->getErrorString(asyncResult) +
-         (detail && *detail ? std::string(" (") + detail + ")" : "");
+  // On a non-blocking communicator the group may still be being issued when this returns.
+  auto use = connection_->use("ncclGroupEnd");
+  use.check("ncclGroupEnd", nccl_->groupEnd());
 }
 
 int ncclCompiledVersion() { return NCCL_VERSION_CODE; }

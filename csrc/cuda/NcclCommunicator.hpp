@@ -3,11 +3,13 @@
 #include "core/Communicator.hpp"
 #include "cuda/CudaApi.hpp"
 #include "cuda/NcclApi.hpp"
+#include "cuda/NcclConnection.hpp"
 
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <atomic>
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,21 +25,29 @@ struct NcclMembership {
   std::string who;
 };
 
-// The Communicator of the NCCL path: one ncclComm_t, a 1:1 mapping of the interface onto
-// NCCL calls (through NcclApi) on the given stream. Roots and peers are group ranks, translated to
-// the communicator's own ranks when it spans only some of the group.
+// The Communicator of the NCCL path: a 1:1 mapping of the interface onto NCCL calls (through
+// NcclApi) on the given stream, over one NcclConnection, which connects in the background and
+// makes each call a Use. Roots and peers are group ranks, translated to the communicator's own
+// ranks when it spans only some of the group.
 class NcclCommunicator final : public Communicator {
  public:
-  // Collective over the members: each calls it with the same `idKey`. The member of lowest
-  // group rank makes the unique id and publishes it through `store`.
-  NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda, c10d::Store& store,
-                   int groupRank, int groupSize, c10::Device device, NcclMembership membership);
+  // Starts connecting to the other members, which each make one with the same `idKey`.
+  NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
+                   c10::intrusive_ptr<c10d::Store> store, int groupRank, int groupSize,
+                   c10::Device device, NcclMembership membership,
+                   std::chrono::milliseconds timeout);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
+  // Runs `callback` once connecting has ended, well or not (see NcclConnection).
+  void whenConnected(std::function<void()> callback) {
+    connection_->whenSettled(std::move(callback));
+  }
+
   bool supportsAvg(at::ScalarType dtype) const override;
   bool supportsPreMulSum(at::ScalarType dtype) const override;
+  std::string reductionRefusal(at::ScalarType dtype) const override;
   void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                  c10::Stream stream) override;
   void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
@@ -51,8 +61,9 @@ class NcclCommunicator final : public Communicator {
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
   void groupStart() override;
   void groupEnd() override;
-  void abort() override;
-  std::string asyncError() override;
+  void waitReady() override { connection_->waitConnected(); }
+  void abort() override { connection_->abort(); }
+  std::string asyncError() override { return connection_->asyncError(); }
 
  private:
   class ScopedRedOp;
@@ -62,8 +73,8 @@ class NcclCommunicator final : public Communicator {
   const std::shared_ptr<CudaApi> cuda_;
   const std::string who_;
   const std::vector<int> members_;
-  // Atomic: abort() runs on the watchdog thread while ops may be issuing.
-  std::atomic<ncclComm_t> comm_{nullptr};
+  const int computeCapability_;
+  const std::shared_ptr<NcclConnection> connection_;
 };
 
 // The NCCL version this extension was compiled against and the one loaded at run time.

@@ -17,11 +17,12 @@ namespace streamnccl {
                         file + ":" + std::to_string(line));
 }
 
-// Calls `nccl.call` and raises DistBackendError naming `function` unless it succeeded.
+// Calls `nccl.call` and raises DistBackendError naming `function` unless it succeeded. For
+// calls on a communicator, which may return ncclInProgress, see NcclConnection::Use::check.
 #define STREAMNCCL_NCCL_CHECK(nccl, function, call, who, comm)                              \
   do {                                                                                      \
     const ncclResult_t streamnccl_result_ = (nccl).call;                                    \
-    if (streamnccl_result_ != ncclSuccess && streamnccl_result_ != ncclInProgress) {        \
+    if (streamnccl_result_ != ncclSuccess) {                                                \
       ::streamnccl::throwNcclError(nccl, streamnccl_result_, function, who, comm, __FILE__, \
                                    __LINE__);                                               \
     }                                                                                       \

@@ -2,8 +2,6 @@
 
 #include "cuda/NcclApi.hpp"
 
-#include <c10/cuda/CUDAGuard.h>
-
 namespace streamnccl {
 namespace {
 
@@ -11,10 +9,9 @@ class NcclLibrary final : public NcclApi {
  public:
   ncclResult_t getVersion(int* version) override { return ncclGetVersion(version); }
   ncclResult_t getUniqueId(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
-  ncclResult_t commInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                            c10::Device device) override {
-    c10::cuda::CUDAGuard guard(device);
-    return ncclCommInitRank(comm, nranks, id, rank);
+  ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                  ncclConfig_t* config) override {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, config);
   }
   ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
   ncclResult_t commAbort(ncclComm_t comm) override { return ncclCommAbort(comm); }

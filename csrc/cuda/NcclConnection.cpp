@@ -1,0 +1,295 @@
+#include "cuda/NcclConnection.hpp"
+
+#include "core/Errors.hpp"
+#include "cuda/NcclErrors.hpp"
+
+#include <c10/util/Logging.h>
+
+#include <cstring>
+
+namespace streamnccl {
+namespace {
+
+constexpr auto kAbortGrace = std::chrono::seconds(10);
+
+// Polling that starts fast (most waits are short) and settles at a few checks per 10 ms.
+class Backoff {
+ public:
+  void pause() {
+    std::this_thread::sleep_for(pause_);
+    pause_ = std::min(pause_ * 2, std::chrono::microseconds(2000));
+  }
+
+ private:
+  std::chrono::microseconds pause_{20};
+};
+
+}  // namespace
+
+std::shared_ptr<NcclConnection> NcclConnection::open(Settings settings) {
+  std::shared_ptr<NcclConnection> connection(new NcclConnection(std::move(settings)));
+  // The thread's reference keeps the connection alive while it connects, even if its owner
+  // goes meanwhile (it then aborts the connecting).
+  connection->connector_ = std::thread([self = connection] { self->connect(); });
+  return connection;
+}
+
+NcclConnection::~NcclConnection() {
+  if (connector_.joinable()) {
+    if (connector_.get_id() == std::this_thread::get_id()) {
+      connector_.detach();  // the connecting thread held the last reference: it ends now
+    } else {
+      connector_.join();
+    }
+  }
+  if (comm_ != nullptr && !aborted_) {
+    auto onDevice = settings_.cuda->useDevice(settings_.device);
+    const ncclResult_t result = settings_.nccl->commDestroy(comm_);
+    if (result != ncclSuccess) {
+      LOG(WARNING) << who() << " ncclCommDestroy failed: " << nccl().getErrorString(result);
+    }
+  }
+}
+
+void NcclConnection::raise(const std::string& reason) const {
+  throwDistBackendError(who() + " " + reason);
+}
+
+ncclUniqueId NcclConnection::exchangeId(std::chrono::steady_clock::time_point deadline) {
+  ncclUniqueId id;
+  auto& store = *settings_.store;
+  if (settings_.makesId) {
+    STREAMNCCL_NCCL_CHECK(nccl(), "ncclGetUniqueId", getUniqueId(&id), who(), nullptr);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+    store.set(settings_.idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+    return id;
+  }
+  // Polled rather than a blocking get, so that abort() and the deadline can end the wait.
+  Backoff backoff;
+  while (!store.check({settings_.idKey})) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_) {
+        raise("connecting was aborted");
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      raise("connecting timed out after " + std::to_string(settings_.timeout.count()) +
+            " ms: the member of lowest rank never published the NCCL unique id");
+    }
+    backoff.pause();
+  }
+  const std::vector<uint8_t> bytes = store.get(settings_.idKey);
+  TORCH_INTERNAL_ASSERT(bytes.size() == sizeof(id), "streamnccl: malformed NCCL unique id");
+  std::memcpy(&id, bytes.data(), sizeof(id));
+  return id;
+}
+
+void NcclConnection::connect() {
+  try {
+    const auto deadline = std::chrono::steady_clock::now() + settings_.timeout;
+    const ncclUniqueId id = exchangeId(deadline);
+    ncclComm_t comm = nullptr;
+    ncclResult_t result = ncclSuccess;
+    {
+      auto onDevice = settings_.cuda->useDevice(settings_.device);  // the communicator's device
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      result = nccl().commInitRankConfig(&comm, settings_.size, id, settings_.rank, &config);
+    }
+    if (result != ncclSuccess && result != ncclInProgress) {
+      throwNcclError(nccl(), result, "ncclCommInitRank", who(), nullptr, __FILE__, __LINE__);
+    }
+    bool abortedMeanwhile = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      comm_ = comm;
+      abortedMeanwhile = aborted_;
+      if (!aborted_) {
+        ++uses_;  // this thread's polling below is a use that abort() waits for
+      }
+    }
+    if (abortedMeanwhile) {  // abort() ran before there was a communicator to abort
+      auto onDevice = settings_.cuda->useDevice(settings_.device);
+      nccl().commAbort(comm);
+      raise("connecting was aborted");
+    }
+    try {
+      result = pollUntilSettled(comm, "ncclCommInitRank", deadline);
+    } catch (...) {
+      endUse();
+      throw;
+    }
+    endUse();
+    if (result != ncclSuccess) {
+      throwNcclError(nccl(), result, "ncclCommInitRank", who(), comm, __FILE__, __LINE__);
+    }
+    settle(State::Connected, nullptr);
+  } catch (...) {
+    settle(State::Failed, std::current_exception());
+  }
+}
+
+ncclResult_t NcclConnection::pollUntilSettled(
+    ncclComm_t comm, const char* call, std::chrono::steady_clock::time_point deadline) const {
+  Backoff backoff;
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t result = nccl().commGetAsyncError(comm, &state);
+    if (result != ncclSuccess) {
+      return result;
+    }
+    if (state != ncclInProgress) {
+      return state;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_) {
+        raise(std::string("aborted while ") + call + " was in progress");
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      raise(std::string(call) + " did not finish within " +
+            std::to_string(settings_.timeout.count()) + " ms" +
+            (std::strcmp(call, "ncclCommInitRank") == 0
+                 ? ": a member of the communicator never joined it"
+                 : ""));
+    }
+    backoff.pause();
+  }
+}
+
+void NcclConnection::settle(State state, std::exception_ptr failure) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_ = state;
+    failure_ = std::move(failure);
+    callbacks.swap(whenSettled_);
+  }
+  changed_.notify_all();
+  for (auto& callback : callbacks) {
+    callback();  // must not throw: the deferred work it issues handles its own failures
+  }
+}
+
+void NcclConnection::whenSettled(std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ == State::Connecting) {
+      whenSettled_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
+void NcclConnection::waitConnected() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return state_ != State::Connecting || aborted_; });
+  if (aborted_) {
+    raise("connecting was aborted");
+  }
+  if (state_ == State::Failed) {
+    std::rethrow_exception(failure_);
+  }
+}
+
+NcclConnection::Use NcclConnection::use(const char* call) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return state_ != State::Connecting || aborted_; });
+  if (aborted_) {
+    raise(std::string(call) + ": the communicator was aborted");
+  }
+  if (state_ == State::Failed) {
+    std::rethrow_exception(failure_);
+  }
+  ++uses_;
+  return Use(*this, comm_);
+}
+
+void NcclConnection::endUse() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --uses_;
+  }
+  changed_.notify_all();
+}
+
+NcclConnection::Use::~Use() { connection_.endUse(); }
+
+void NcclConnection::Use::check(const char* call, ncclResult_t result) const {
+  if (result == ncclInProgress) {
+    // A non-blocking communicator is still enqueueing the call: until it is done, nothing
+    // else may be issued, nor an event recorded after it.
+    result = connection_.pollUntilSettled(
+        comm_, call, std::chrono::steady_clock::now() + connection_.settings_.timeout);
+  }
+  if (result != ncclSuccess) {
+    throwNcclError(connection_.nccl(), result, call, connection_.who(), comm_, __FILE__, __LINE__);
+  }
+}
+
+void NcclConnection::abort() {
+  ncclComm_t comm = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (aborted_) {
+      return;
+    }
+    aborted_ = true;
+    changed_.notify_all();
+    // Uses poll and see the abort at once; none blocks inside NCCL, whose calls on a
+    // non-blocking communicator return at once.
+    if (!changed_.wait_for(lock, kAbortGrace, [&] { return uses_ == 0; })) {
+      LOG(WARNING) << who() << " a call on the communicator did not return within "
+                   << kAbortGrace.count() << " s of abort(); aborting it anyway";
+    }
+    comm = comm_;
+  }
+  changed_.notify_all();
+  if (comm != nullptr) {
+    auto onDevice = settings_.cuda->useDevice(settings_.device);
+    const ncclResult_t result = nccl().commAbort(comm);
+    if (result != ncclSuccess) {
+      LOG(WARNING) << who() << " ncclCommAbort failed: " << nccl().getErrorString(result);
+    }
+  }
+}
+
+void NcclConnection::abandon() {
+  bool connecting = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    connecting = state_ == State::Connecting;
+  }
+  if (connecting) {
+    abort();
+  }
+}
+
+std::string NcclConnection::asyncError() {
+  ncclComm_t comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Connected || aborted_) {
+      return {};
+    }
+    ++uses_;
+    comm = comm_;
+  }
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t result = nccl().commGetAsyncError(comm, &state);
+  std::string error;
+  if (result != ncclSuccess) {
+    error = who() + " ncclCommGetAsyncError failed: " + nccl().getErrorString(result);
+  } else if (state != ncclSuccess && state != ncclInProgress) {
+    const char* detail = nccl().getLastError(comm);
+    error = who() + " asynchronous NCCL error: " + nccl().getErrorString(state) +
+            (detail && *detail ? std::string(" (") + detail + ")" : "");
+  }
+  endUse();
+  return error;
+}
+
+}  // namespace streamnccl

@@ -1,0 +1,116 @@
+#pragma once
+
+// One ncclComm_t through its life. It connects in the background from construction: the member
+// of lowest rank makes the unique id and publishes it through the Store, every member inits a
+// non-blocking communicator and polls it until NCCL says it is ready, which happens once all
+// members have called init. Nothing holds a caller while that happens, so a rank's first
+// contact with one peer never waits on that peer's first contact with another (a ring of
+// first sends would otherwise wait in a circle); a caller that needs the communicator waits
+// for it alone, and the group's timeout or abort() ends that wait.
+//
+// Every NCCL call is a Use: it waits until connected, is refused once aborted, and, since the
+// communicator is non-blocking, polls a call that returned ncclInProgress until it has
+// finished before anything else is issued (an event recorded earlier would pass before the
+// call's kernel). abort() waits for the Uses in progress to end (polling loops see the abort
+// at once) before ncclCommAbort frees the communicator, so no call ever uses a freed one.
+
+#include "cuda/CudaApi.hpp"
+#include "cuda/NcclApi.hpp"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace streamnccl {
+
+class NcclConnection {
+ public:
+  struct Settings {
+    std::shared_ptr<NcclApi> nccl;
+    std::shared_ptr<CudaApi> cuda;
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::Device device;
+    int size = 0;                       // members
+    int rank = 0;                       // this one's rank among them
+    bool makesId = false;               // the member of lowest group rank
+    std::string idKey;                  // where the unique id is published
+    std::string who;                    // "[streamnccl rank r/n cuda:d]", for messages
+    std::chrono::milliseconds timeout;  // for connecting, and for a call in progress
+  };
+
+  // Starts connecting, on a thread that keeps the connection alive until it has settled.
+  static std::shared_ptr<NcclConnection> open(Settings settings);
+  // Destroys the communicator unless it was aborted (its owner aborts one still connecting).
+  ~NcclConnection();
+  NcclConnection(const NcclConnection&) = delete;
+  NcclConnection& operator=(const NcclConnection&) = delete;
+
+  // Runs `callback` once connecting has ended (connected, failed or aborted): now if it has,
+  // else on the connecting thread.
+  void whenSettled(std::function<void()> callback);
+  // Blocks until connected; raises DistBackendError if connecting failed or was aborted.
+  void waitConnected();
+
+  class Use {
+   public:
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    ncclComm_t comm() const { return comm_; }
+    // Raises DistBackendError naming `call` unless `result` is success; polls a result of
+    // ncclInProgress until the call has finished.
+    void check(const char* call, ncclResult_t result) const;
+
+   private:
+    friend class NcclConnection;
+    Use(NcclConnection& connection, ncclComm_t comm) : connection_(connection), comm_(comm) {}
+    NcclConnection& connection_;
+    const ncclComm_t comm_;
+  };
+  // Waits until connected, then holds the communicator for one call (see above).
+  Use use(const char* call);
+
+  // Aborts the communicator (or the connecting) for good; returns without waiting for peers.
+  void abort();
+  // Its owner lets go: a connection still being made is aborted, since nobody will use it.
+  void abandon();
+  // The communicator's asynchronous error, described; empty when there is none (or it is not
+  // connected, or aborted).
+  std::string asyncError();
+
+  const std::string& who() const { return settings_.who; }
+  NcclApi& nccl() const { return *settings_.nccl; }
+
+ private:
+  enum class State { Connecting, Connected, Failed };
+
+  explicit NcclConnection(Settings settings) : settings_(std::move(settings)) {}
+  void connect();
+  ncclUniqueId exchangeId(std::chrono::steady_clock::time_point deadline);
+  // Polls ncclCommGetAsyncError until it is no longer ncclInProgress; returns the result.
+  ncclResult_t pollUntilSettled(ncclComm_t comm, const char* call,
+                                std::chrono::steady_clock::time_point deadline) const;
+  [[noreturn]] void raise(const std::string& reason) const;
+  void endUse();
+  void settle(State state, std::exception_ptr failure);
+
+  const Settings settings_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  State state_ = State::Connecting;
+  std::exception_ptr failure_;
+  bool aborted_ = false;
+  ncclComm_t comm_ = nullptr;
+  int uses_ = 0;
+  std::vector<std::function<void()>> whenSettled_;
+  std::thread connector_;
+};
+
+}  // namespace streamnccl
