@@ -2,8 +2,10 @@
 wherever torch is a CUDA build, GPU or not."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import streamnccl
@@ -97,3 +99,15 @@ def test_options_reject_bad_fault_handling_settings(monkeypatch):
     monkeypatch.setenv("STREAMNCCL_TEST_FAULT", "rank=1,op=2,action=explode")
     with pytest.raises(ValueError, match="action is 'explode', expected fail or delay"):
         streamnccl.Options().resolved()
+
+
+def test_gpu_check_says_there_is_no_gpu_and_passes(tmp_path):
+    """scripts/gpu-check.sh, the one command for a GPU machine, exits 0 at once without one."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "gpu-check.sh")],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "gpu-check: no CUDA device is visible" in done.stdout
