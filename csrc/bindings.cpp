@@ -1,6 +1,7 @@
 // The Python module streamnccl._C: binds Options and ProcessGroup, and is the one place that
 // knows both the core and the concrete paths (host always, NCCL when compiled).
 
+#include "core/FlightRecorder.hpp"
 #include "core/Options.hpp"
 #include "core/ProcessGroup.hpp"
 #include "host/HostPath.hpp"
@@ -20,6 +21,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -173,6 +175,8 @@ void bindRecording(py::module_& m) {
       .def("set_device", &FakeGpu::setCurrentDevice, py::arg("index"),
            "The calling thread's current device (-1: none).")
       .def_static("current_device", &FakeGpu::currentDevice)
+      .def_static("nccl_group_depth", &fake::RecordingNccl::groupDepthOfThread,
+                  "How deep the calling thread is in NCCL groups (0: none open).")
       .def_static(
           "forget_thread_device", [] { FakeGpu::forgetCurrentDevice(); },
           "The calling thread has no current device again (between tests).")
@@ -187,7 +191,8 @@ void bindRecording(py::module_& m) {
       "_recording_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
          std::chrono::milliseconds timeout, bool highPriorityStreams, bool blockingWait,
-         std::shared_ptr<fake::FakeNcclWorld> world, int deviceIndex, int computeCapability) {
+         std::shared_ptr<fake::FakeNcclWorld> world, int deviceIndex, int computeCapability,
+         bool enableTiming, int traceBufferSize) {
         if (!world) {
           world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true);
         }
@@ -196,6 +201,8 @@ void bindRecording(py::module_& m) {
         options->timeout = timeout;
         options->highPriorityStreams = highPriorityStreams;
         options->blockingWait = blockingWait;
+        options->enableTiming = enableTiming;
+        options->traceBufferSize = traceBufferSize;
         ProcessGroup::PathFactories factories;
         factories.emplace(c10::kCPU, std::make_unique<CudaPathFactory>(
                                          std::make_shared<fake::RecordingNccl>(gpu, world),
@@ -206,7 +213,8 @@ void bindRecording(py::module_& m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::arg("high_priority_streams") = false, py::arg("blocking_wait") = false,
-      py::arg("world") = nullptr, py::arg("device_index") = 0, py::arg("compute_capability") = 90);
+      py::arg("world") = nullptr, py::arg("device_index") = 0, py::arg("compute_capability") = 90,
+      py::arg("enable_timing") = false, py::arg("trace_buffer_size") = 0);
 }
 #endif
 
@@ -223,8 +231,9 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
       .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
                        std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
-                       std::optional<bool> debugChecks) {
+                       std::optional<bool> debugChecks, std::optional<bool> enableTiming) {
              auto options = c10::make_intrusive<Options>();
+             options->enableTiming = enableTiming;
              options->highPriorityStreams = highPriorityStreams;
              options->blockingWait = blockingWait;
              options->dumpDir = std::move(dumpDir);
@@ -234,12 +243,14 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::kw_only(), py::arg("high_priority_streams") = py::none(),
            py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
-           py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none())
+           py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none(),
+           py::arg("enable_timing") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
       .def_readwrite("dump_dir", &Options::dumpDir)
       .def_readwrite("trace_buffer_size", &Options::traceBufferSize)
       .def_readwrite("debug_checks", &Options::debugChecks)
+      .def_readwrite("enable_timing", &Options::enableTiming)
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
@@ -248,6 +259,13 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout"), py::arg("options"), py::arg("gloo"))
       .def_property_readonly("streamnccl_options", &ProcessGroup::options)
+      .def("_set_global_ranks", &ProcessGroup::setGlobalRanks, py::arg("global_ranks"),
+           "The global rank of each member, which the flight recorder's dump names.")
+      .def("_stats",
+           [](const ProcessGroup& self) {
+             return torch::jit::toPyObject(c10::IValue(self.statsSnapshot()));
+           })
+      .def("_reset_stats", &ProcessGroup::resetStats)
       .def("_stop_watchdog", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>())
       // torch calls this on a group's non-members when a bound group splits; it is how NCCL
       // backends take part in ncclCommSplit. streamnccl makes a subgroup's communicators from
@@ -256,6 +274,18 @@ PYBIND11_MODULE(_C, m) {
           "perform_nocolor_split", [](ProcessGroup&, const c10::Device&) {}, py::arg("device"));
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
+  m.def(
+      "_dump_flight_recorder",
+      [] {
+        ProcessGroup::retireCompletedOfAll();
+        std::string dump;
+        {
+          py::gil_scoped_release noGil;
+          dump = FlightRecorder::instance().dump();
+        }
+        return py::bytes(dump);
+      },
+      "This process's flight recorder, pickled as torch's flight recorder dumps are.");
   m.def("_stop_all_watchdogs", &ProcessGroup::shutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Stops the watchdog of every live group; registered to run at interpreter exit.");
   bindSimulation(m);

@@ -1,9 +1,8 @@
 """Faults end in a DistBackendError within the timeout, leave evidence, and end the group:
 a rank whose op fails (STREAMNCCL_TEST_FAULT) is a silent peer to the others."""
 
-import glob
-import json
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -39,10 +38,11 @@ def group_with_dump(rank):
     return group, dump_dir
 
 
-def read_dump(dump_dir, rank):
-    (dump,) = glob.glob(os.path.join(dump_dir, f"streamnccl_rank{rank}_pg*.json"))
-    with open(dump) as file:
-        return json.load(file)
+def read_dump(dump_dir, rank, group):
+    """The entries of `group` in the flight recorder this rank dumped (torch's format)."""
+    with open(os.path.join(dump_dir, f"streamnccl_trace_rank_{rank}"), "rb") as file:
+        dump = pickle.load(file)
+    return [e for e in dump["entries"] if e["process_group"][0] == group.group_name]
 
 
 def _silent_peer(ctx, async_op):
@@ -71,13 +71,12 @@ def _silent_peer(ctx, async_op):
         dist.broadcast(torch.ones(2), src=0, group=group)
     assert time.monotonic() - started < 1
 
-    # The flight recorder's dump names the failed op, after the one that completed.
-    record = read_dump(dump_dir, me)
-    assert (record["rank"], record["size"]) == (me, n)
-    assert "allreduce #2" in record["cause"]
-    states = [(op["seq"], op["op"], op["state"]) for op in record["ops"]]
-    assert states == [(1, "allreduce", "completed"), (2, "allreduce", "failed")], states
-    assert record["ops"][1]["shape"] == [4] and record["ops"][1]["dtype"] == "Float"
+    # The flight recorder's dump has the failed op, never completed, after the one that did.
+    entries = read_dump(dump_dir, me, group)
+    states = [(e["collective_seq_id"], e["profiling_name"], e["state"]) for e in entries]
+    assert states == [(1, "nccl:all_reduce", "completed"), (2, "nccl:all_reduce", "started")]
+    assert entries[1]["input_sizes"] == [[4]] and entries[1]["input_dtypes"] == ["Float"]
+    assert entries[1]["retired"] and "error" in entries[1] and "error" not in entries[0]
 
     dist.destroy_process_group(group)
     shutil.rmtree(dump_dir)
@@ -114,7 +113,7 @@ def _watchdog_times_out_an_async_op(ctx):
         time.sleep(GROUP_TIMEOUT_S + 1)  # not waiting: the watchdog must notice on its own
         with pytest.raises(dist.DistBackendError, match="unusable since an earlier failure"):
             dist.all_reduce(torch.ones(1), group=group)
-        assert glob.glob(os.path.join(dump_dir, "streamnccl_rank0_pg*.json"))
+        assert os.path.exists(os.path.join(dump_dir, "streamnccl_trace_rank_0"))
     with pytest.raises(dist.DistBackendError):
         work.wait()
     dist.destroy_process_group(group)
@@ -138,7 +137,7 @@ def _dead_peer(ctx, async_op):
         if async_op:
             work.wait()
     detected_after = time.monotonic() - started
-    assert read_dump(dump_dir, me)["ops"][-1]["state"] == "failed"
+    assert "error" in read_dump(dump_dir, me, group)[-1]
     shutil.rmtree(dump_dir)
     started = time.monotonic()
     dist.destroy_process_group(group)
@@ -234,8 +233,9 @@ def _skipping_peer(ctx, async_op):
             if async_op:
                 work.wait()
         detected_after = time.monotonic() - started
-        last = read_dump(dump_dir, me)["ops"][-1]
-        assert (last["seq"], last["op"], last["state"]) == (2, "allreduce", "failed"), last
+        last = read_dump(dump_dir, me, group)[-1]
+        assert (last["collective_seq_id"], last["profiling_name"]) == (2, "nccl:all_reduce"), last
+        assert last["state"] != "completed" and "error" in last, last
     dist.barrier()  # the skipping rank keeps its side open until the others are done
     dist.destroy_process_group(group)
     shutil.rmtree(dump_dir)

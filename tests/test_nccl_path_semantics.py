@@ -23,6 +23,7 @@ import torch.distributed as dist
 from streamnccl import _C
 from torch._C._distributed_c10d import (
     AllgatherOptions,
+    AllreduceCoalescedOptions,
     AllreduceOptions,
     BroadcastOptions,
     ReduceOptions,
@@ -106,6 +107,23 @@ def test_temporaries_of_grouped_calls_are_held_until_group_end():
         [torch.empty(5)], [[torch.ones(5) for _ in range(3)]], opts(ReduceScatterOptions)
     )
     pg._end_coalescing().wait()
+    assert settle(gpu) == []
+
+
+def test_a_failing_call_inside_a_group_still_ends_the_group():
+    # NCCL's group is the calling thread's: one left open would swallow the thread's next
+    # calls into it, never to be issued.
+    pg, gpu = fake_group()
+    pg.eager_connect_single_device(torch.device("cpu"))
+    gpu.fail_next("ncclAllReduce")
+    with pytest.raises(dist.DistBackendError, match="injected failure of ncclAllReduce"):
+        work = pg.allreduce_coalesced(
+            [torch.ones(2), torch.ones(3)], opts(AllreduceCoalescedOptions)
+        )
+        work.wait()
+    assert _C._FakeGpu.nccl_group_depth() == 0
+    calls = gpu.calls()
+    assert calls.index("ncclGroupEnd()") < calls.index("ncclCommAbort(C0)")
     assert settle(gpu) == []
 
 
@@ -501,7 +519,73 @@ ABORT_DURING_INIT = """
 """
 
 
+LANE_TORN_DOWN_WHILE_CONNECTING = """
+    import gc, time, torch
+    from datetime import timedelta
+    from streamnccl import _C
+    world = _C._FakeNcclWorld(simulate_peers=False)
+    pg, gpu = t.fake_group(rank=0, size=2, world=world, timeout=timedelta(seconds=1))
+    pg.send([torch.ones(4)], 1, 0)  # rank 1 never comes: the lane's work waits in its gate
+    del pg  # the group goes while the lane is still connecting
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while "cudaStreamDestroy(S1)" not in gpu.calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    print("destroyed:", "cudaStreamDestroy(S1)" in gpu.calls())
+    print("violations:", gpu.violations())
+"""
+
+
+def test_a_lanes_stream_outlives_the_work_waiting_for_it():
+    output = run_child(LANE_TORN_DOWN_WHILE_CONNECTING)
+    assert "destroyed: True" in output
+    assert "violations: []" in output
+
+
 def test_abort_ends_an_init_waiting_for_a_peer():
     output = run_child(ABORT_DURING_INIT)
     assert "abort took: 0." in output
     assert "op: ['DistBackendError:" in output
+
+
+# --- timing (Options.enable_timing): events with timing, read once both have passed
+
+
+def test_a_timed_op_is_timed_between_events_made_with_timing():
+    pg, gpu = fake_group(enable_timing=True)
+    pg.eager_connect_single_device(torch.device("cpu"))
+    gpu.clear()
+    work = pg.allreduce([torch.ones(8)], opts(AllreduceOptions))
+    work.wait()
+    assert settle(gpu) == []
+    assert work.is_completed()
+    # cudaEventElapsedTime fails on events made without timing: the fake refuses it as CUDA does.
+    assert work._get_duration() > 0
+    calls = gpu.calls()
+    assert sum(call.startswith("cudaEventCreate(timing)") for call in calls) == 2, calls
+    assert any(call.startswith("cudaEventElapsedTime(") for call in calls), calls
+
+
+def test_an_untimed_op_makes_no_timing_events_and_has_no_duration():
+    pg, gpu = fake_group()
+    pg.eager_connect_single_device(torch.device("cpu"))
+    gpu.clear()
+    work = pg.allreduce([torch.ones(8)], opts(AllreduceOptions))
+    work.wait()
+    assert settle(gpu) == []
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        work._get_duration()
+    assert not [call for call in gpu.calls() if "timing" in call or "Elapsed" in call]
+
+
+def test_stats_count_a_failed_op_as_a_failure():
+    pg, gpu = fake_group()
+    pg.eager_connect_single_device(torch.device("cpu"))
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
+    gpu.fail_next("ncclAllReduce")
+    with pytest.raises(dist.DistBackendError):
+        pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
+    settle(gpu)
+    stats = pg._stats()["all_reduce"]
+    assert (stats["count"], stats["bytes"], stats["failures"], stats["in_flight"]) == (2, 32, 1, 0)

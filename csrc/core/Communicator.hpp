@@ -78,6 +78,8 @@ class Communicator {
   // member has called it), the group's timeout passes, or it is aborted; raises
   // DistBackendError then. Communicators that connect at once do nothing.
   virtual void waitReady() {}
+  // Gives up connecting, if it is still under way (the group is going away).
+  virtual void stopConnecting() {}
 
   // Stops the communicator for good after a fault, so that calls blocked in it (and its
   // peers') fail instead of waiting forever. Called from the watchdog thread; no call may be
@@ -86,6 +88,35 @@ class Communicator {
   // A fault the communicator found on its own, outside any call (NCCL's asynchronous
   // errors), described; empty when there is none. Polled by the watchdog.
   virtual std::string asyncError() = 0;
+};
+
+// Brackets communicator calls into one group, and ends it even when a call in it throws: NCCL's
+// group is the calling thread's, and one left open would swallow that thread's next calls.
+class CommunicatorGroup {
+ public:
+  explicit CommunicatorGroup(Communicator& communicator) : communicator_(communicator) {
+    communicator_.groupStart();
+  }
+  ~CommunicatorGroup() {
+    if (!ended_) {
+      try {
+        communicator_.groupEnd();
+      } catch (...) {  // unwinding already: the first error is the one that matters
+      }
+    }
+  }
+  CommunicatorGroup(const CommunicatorGroup&) = delete;
+  CommunicatorGroup& operator=(const CommunicatorGroup&) = delete;
+
+  // Issues the group (and raises its failure).
+  void end() {
+    ended_ = true;
+    communicator_.groupEnd();
+  }
+
+ private:
+  Communicator& communicator_;
+  bool ended_ = false;
 };
 
 }  // namespace streamnccl

@@ -44,6 +44,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 
 namespace streamnccl {
 
@@ -59,6 +60,9 @@ class Event {
   virtual bool query() = 0;
   // Blocks the host until the marked work has run or `timeout` passes; false on timeout.
   virtual bool synchronize(std::chrono::milliseconds timeout) = 0;
+  // Milliseconds from `start`, recorded earlier on the same stream, to this point, once both
+  // have passed; nullopt before, or when either was not made by Device::createTimedEvent().
+  virtual std::optional<double> millisecondsSince(Event& /*start*/) { return std::nullopt; }
 };
 
 // The streams and events of one device, as seen by one process group.
@@ -71,6 +75,9 @@ class Device {
   // This group's own stream on this device, created on first use.
   virtual c10::Stream internalStream() = 0;
   virtual std::unique_ptr<Event> createEvent() = 0;
+  // An event that can be timed against another (millisecondsSince); on CUDA it costs more to
+  // record than a plain one, so only timed ops use it. A device without timing makes a plain one.
+  virtual std::unique_ptr<Event> createTimedEvent() { return createEvent(); }
   // Whether work enqueued on `stream` now is captured into a CUDA graph (to run at each
   // replay) instead of running.
   virtual bool isCapturing(c10::Stream /*stream*/) { return false; }

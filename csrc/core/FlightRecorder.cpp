@@ -1,142 +1,281 @@
 #include "core/FlightRecorder.hpp"
 
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
 #include <c10/util/irange.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
+#include <algorithm>
+#include <array>
+#include <map>
 #include <sstream>
 
 namespace streamnccl {
 namespace {
 
-const char* stateName(FlightRecorder::State state) {
-  switch (state) {
-    case FlightRecorder::State::Queued:
-      return "queued";
-    case FlightRecorder::State::Started:
-      return "started";
-    case FlightRecorder::State::Completed:
-      return "completed";
-    case FlightRecorder::State::Failed:
-      return "failed";
-  }
-  return "unknown";
+// The format version of torch 2.11's flight recorder, which the analyzer checks.
+constexpr const char* kFormatVersion = "2.10";
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
-std::string jsonString(const std::string& text) {
+c10::Dict<c10::IValue, c10::IValue> newDict() {
+  return c10::Dict<c10::IValue, c10::IValue>(c10::AnyType::get(), c10::AnyType::get());
+}
+
+c10::List<c10::IValue> sizesList(const std::vector<std::vector<int64_t>>& sizes) {
+  c10::List<c10::IValue> list(c10::AnyType::get());
+  for (const auto& shape : sizes) {
+    list.push_back(c10::IValue(shape));
+  }
+  return list;
+}
+
+c10::List<c10::IValue> dtypesList(const std::vector<c10::ScalarType>& dtypes) {
+  c10::List<c10::IValue> list(c10::AnyType::get());
+  for (const auto dtype : dtypes) {
+    list.push_back(c10::IValue(std::string(c10::toString(dtype))));
+  }
+  return list;
+}
+
+std::string rankList(const std::vector<int>& ranks) {
   std::ostringstream out;
-  out << '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out << "\\\"";
-        break;
-      case '\\':
-        out << "\\\\";
-        break;
-      case '\n':
-        out << "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out << ' ';
-        } else {
-          out << c;
-        }
-    }
+  out << "[";
+  for (const auto i : c10::irange(ranks.size())) {
+    out << (i == 0 ? "" : ", ") << ranks[i];
   }
-  out << '"';
+  out << "]";
   return out.str();
-}
-
-double millisecondsBetween(std::chrono::steady_clock::time_point from,
-                           std::chrono::steady_clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
 }  // namespace
 
-void FlightRecorder::queued(const OpInfo& info) {
+FlightRecorder& FlightRecorder::instance() {
+  // Never destroyed: groups record until the very end of the process.
+  static auto* recorder = new FlightRecorder();
+  return *recorder;
+}
+
+void FlightRecorder::reserve(size_t capacity) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (capacity_ == 0) {
+  if (capacity <= ring_.size()) {
     return;
   }
-  if (records_.size() == capacity_) {
-    records_.pop_front();
-  }
-  records_.push_back(Record{info, State::Queued, std::chrono::steady_clock::now(), {}, {}, {}});
-}
-
-FlightRecorder::Record* FlightRecorder::find(uint64_t seq) {
-  // Recent ops are looked up far more often than old ones.
-  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-    if (it->info.seq == seq) {
-      return &*it;
+  // Re-laid out so that every kept entry sits at its id's slot in the larger ring.
+  std::vector<Entry> larger(capacity);
+  for (auto& entry : ring_) {
+    if (entry.id >= 0) {
+      larger[entry.id % capacity] = std::move(entry);
     }
   }
-  return nullptr;
+  ring_ = std::move(larger);
+  enabled_.store(true, std::memory_order_relaxed);
 }
 
-void FlightRecorder::started(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Record* record = find(seq); record && record->state == State::Queued) {
-    record->state = State::Started;
-    record->startedAt = std::chrono::steady_clock::now();
+bool FlightRecorder::enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+void FlightRecorder::Tensors::assign(const std::vector<at::Tensor>& tensors) {
+  sizes.resize(tensors.size());
+  dtypes.resize(tensors.size());
+  for (const auto i : c10::irange(tensors.size())) {
+    const auto shape = tensors[i].sizes();
+    sizes[i].assign(shape.begin(), shape.end());  // within the capacity the slot already has
+    dtypes[i] = tensors[i].scalar_type();
   }
 }
 
-void FlightRecorder::completed(uint64_t seq) {
+int64_t FlightRecorder::record(const std::shared_ptr<const RecordedGroup>& group,
+                               const RecordedOp& op, const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& outputs) {
+  const int64_t createdNs = nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (Record* record = find(seq); record && record->state != State::Failed) {
-    record->state = State::Completed;
-    record->endedAt = std::chrono::steady_clock::now();
+  if (ring_.empty()) {
+    return -1;
   }
-}
-
-void FlightRecorder::failed(uint64_t seq, const std::string& error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Record* record = find(seq); record && record->state != State::Failed) {
-    record->state = State::Failed;
-    record->endedAt = std::chrono::steady_clock::now();
-    record->error = error;
-  }
-}
-
-std::string FlightRecorder::toJson(const OpInfo& group, const std::string& cause) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::ostringstream out;
-  out << "{\n  \"rank\": " << group.rank << ",\n  \"size\": " << group.size
-      << ",\n  \"group\": " << jsonString(group.group) << ",\n  \"cause\": " << jsonString(cause)
-      << ",\n  \"ops\": [";
-  for (const auto i : c10::irange(records_.size())) {
-    const Record& record = records_[i];
-    out << (i == 0 ? "\n" : ",\n") << "    {\"seq\": " << record.info.seq
-        << ", \"op\": " << jsonString(record.info.name) << ", \"shape\": [";
-    for (const auto d : c10::irange(record.info.shape.size())) {
-      out << (d == 0 ? "" : ", ") << record.info.shape[d];
+  if (groups_.empty() || groups_.back() != group) {
+    if (std::find(groups_.begin(), groups_.end(), group) == groups_.end()) {
+      groups_.push_back(group);
     }
-    out << "], \"dtype\": " << jsonString(c10::toString(record.info.dtype))
-        << ", \"state\": " << jsonString(stateName(record.state))
-        << ", \"queued_at_ms\": " << millisecondsBetween(origin_, record.queuedAt);
-    if (record.state == State::Completed || record.state == State::Failed) {
-      out << ", \"duration_ms\": " << millisecondsBetween(record.queuedAt, record.endedAt);
-    }
-    if (!record.error.empty()) {
-      out << ", \"error\": " << jsonString(record.error);
-    }
-    out << "}";
   }
-  out << "\n  ]\n}\n";
-  return out.str();
+  const int64_t id = nextId_++;
+  Entry& entry = ring_[id % ring_.size()];
+  entry.id = id;
+  entry.group = group;
+  entry.op = op;
+  entry.inputs.assign(inputs);
+  entry.outputs.assign(outputs);
+  entry.state = State::Scheduled;
+  entry.retired = false;
+  entry.createdNs = createdNs;
+  entry.startedNs = 0;
+  entry.completedNs = 0;
+  entry.durationMs.reset();
+  entry.error.clear();
+  return id;
 }
 
-std::string FlightRecorder::summary() const {
+FlightRecorder::Entry* FlightRecorder::find(int64_t id) {
+  if (id < 0 || ring_.empty()) {
+    return nullptr;
+  }
+  Entry& entry = ring_[id % ring_.size()];
+  return entry.id == id ? &entry : nullptr;
+}
+
+void FlightRecorder::started(int64_t id) {
+  const int64_t now = nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* entry = find(id); entry && entry->state == State::Scheduled) {
+    entry->state = State::Started;
+    entry->startedNs = now;
+  }
+}
+
+void FlightRecorder::completed(int64_t id, std::optional<double> durationMs) {
+  const int64_t now = nowNs();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* entry = find(id); entry && !entry->retired) {
+    if (entry->startedNs == 0) {
+      entry->startedNs = now;
+    }
+    entry->state = State::Completed;
+    entry->completedNs = now;
+    entry->durationMs = durationMs;
+    entry->retired = true;
+  }
+}
+
+void FlightRecorder::failed(int64_t id, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The state stays what was seen of the op (scheduled or started): the analyzer reads an op
+  // that never completed as the place where the ranks parted.
+  if (Entry* entry = find(id); entry && !entry->retired) {
+    entry->retired = true;
+    entry->error = error;
+  }
+}
+
+std::string FlightRecorder::dump() const {
+  std::vector<const Entry*> kept;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& entry : ring_) {
+    if (entry.id >= 0) {
+      kept.push_back(&entry);
+    }
+  }
+  std::sort(kept.begin(), kept.end(), [](const Entry* a, const Entry* b) { return a->id < b->id; });
+
+  c10::List<c10::IValue> entries(c10::AnyType::get());
+  // Per group: the last collective enqueued, started and completed, as torch's pg_status.
+  std::map<std::string, std::array<int64_t, 3>> status;
+  for (const Entry* entry : kept) {
+    const RecordedOp& op = entry->op;
+    auto dict = newDict();
+    dict.insert("record_id", entry->id);
+    dict.insert("pg_id", entry->group->uid);
+    dict.insert("process_group",
+                c10::ivalue::Tuple::create(entry->group->name, entry->group->desc));
+    dict.insert("collective_seq_id", static_cast<int64_t>(op.collectiveSeq));
+    dict.insert("p2p_seq_id", static_cast<int64_t>(op.p2pSeq));
+    dict.insert("op_id", static_cast<int64_t>(op.opId));
+    dict.insert("profiling_name", op.profilingName);
+    dict.insert("time_created_ns", entry->createdNs);
+    dict.insert("input_sizes", sizesList(entry->inputs.sizes));
+    dict.insert("input_dtypes", dtypesList(entry->inputs.dtypes));
+    dict.insert("output_sizes", sizesList(entry->outputs.sizes));
+    dict.insert("output_dtypes", dtypesList(entry->outputs.dtypes));
+    const char* state = entry->state == State::Scheduled ? "scheduled"
+                        : entry->state == State::Started ? "started"
+                                                         : "completed";
+    dict.insert("state", std::string(state));
+    dict.insert("time_discovered_started_ns",
+                entry->startedNs ? c10::IValue(entry->startedNs) : c10::IValue());
+    dict.insert("time_discovered_completed_ns",
+                entry->completedNs ? c10::IValue(entry->completedNs) : c10::IValue());
+    dict.insert("retired", entry->retired);
+    dict.insert("timeout_ms", static_cast<int64_t>(op.timeout.count()));
+    dict.insert("is_p2p", op.p2p);
+    if (entry->durationMs) {
+      dict.insert("duration_ms", *entry->durationMs);
+    }
+    if (!entry->error.empty()) {
+      dict.insert("error", entry->error);  // streamnccl's own key: why the op failed
+    }
+    dict.insert("frames", c10::List<c10::IValue>(c10::AnyType::get()));
+    entries.push_back(dict);
+
+    if (!op.p2p) {
+      auto& last =
+          status.try_emplace(entry->group->name, std::array<int64_t, 3>{-1, -1, -1}).first->second;
+      const auto seq = static_cast<int64_t>(op.collectiveSeq);
+      last[0] = std::max(last[0], seq);
+      if (entry->state != State::Scheduled) {
+        last[1] = std::max(last[1], seq);
+      }
+      if (entry->state == State::Completed) {
+        last[2] = std::max(last[2], seq);
+      }
+    }
+  }
+
+  auto pgConfig = newDict();
+  for (const auto& group : groups_) {
+    auto config = newDict();
+    config.insert("name", group->name);
+    config.insert("desc", group->desc);
+    config.insert("ranks", rankList(group->globalRanks));
+    pgConfig.insert(group->name, config);
+  }
+  auto pgStatus = newDict();
+  for (const auto& [name, last] : status) {
+    auto dict = newDict();
+    dict.insert("last_enqueued_collective", last[0]);
+    dict.insert("last_started_collective", last[1]);
+    dict.insert("last_completed_collective", last[2]);
+    pgStatus.insert(name, dict);
+  }
+
+  auto result = newDict();
+  result.insert("version", std::string(kFormatVersion));
+  result.insert("pg_config", pgConfig);
+  result.insert("pg_status", pgStatus);
+  result.insert("entries", entries);
+  // The plain pickler, as torch's recorder uses: pickle_save() would frame it for torch.load.
+  std::vector<char> bytes;
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { bytes.insert(bytes.end(), data, data + size); });
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(result));
+  pickler.stop();
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::string FlightRecorder::summary(const std::string& groupName) const {
   constexpr size_t kShown = 5;
+  std::vector<const Entry*> latest;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& entry : ring_) {
+    if (entry.id >= 0 && entry.group->name == groupName) {
+      latest.push_back(&entry);
+    }
+  }
+  std::sort(latest.begin(), latest.end(),
+            [](const Entry* a, const Entry* b) { return a->id < b->id; });
+  const size_t first = latest.size() > kShown ? latest.size() - kShown : 0;
   std::ostringstream out;
-  out << "last " << std::min(kShown, records_.size()) << " of " << records_.size() << " ops:";
-  const size_t first = records_.size() > kShown ? records_.size() - kShown : 0;
-  for (size_t i = first; i < records_.size(); ++i) {
-    out << " " << records_[i].info.name << " #" << records_[i].info.seq << " "
-        << stateName(records_[i].state) << (i + 1 < records_.size() ? "," : "");
+  out << "last " << latest.size() - first << " ops:";
+  for (size_t i = first; i < latest.size(); ++i) {
+    const Entry& entry = *latest[i];
+    const char* state = !entry.error.empty()              ? "failed"
+                        : entry.state == State::Completed ? "completed"
+                        : entry.state == State::Started   ? "started"
+                                                          : "scheduled";
+    out << " " << entry.op.profilingName << " #" << entry.op.opId << " " << state
+        << (i + 1 < latest.size() ? "," : "");
   }
   return out.str();
 }

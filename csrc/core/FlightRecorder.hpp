@@ -1,50 +1,101 @@
 #pragma once
 
-// The last ops of a group and what became of each, kept so that when the group fails there is
-// evidence of where: which op was stuck, what came before, how long each took. Dumped as JSON
-// (and summarized in the log) when the group breaks.
+// The latest ops of every streamnccl group in this process, and what became of each: the
+// evidence of where a job stopped. One recorder per process, as torch's own: a rank's dump
+// holds all of its groups, so that `torchfrtrace DIR` (torch.distributed.flight_recorder)
+// can match each collective across the ranks' dumps and name the rank that went astray.
+//
+// The dump is written in the format of torch's c10d::FlightRecorder (a pickled dict, version
+// "2.10"), which the analyzer reads. torch's recorder itself cannot be shared: its singleton
+// and event timing are not exported by libtorch. Every op is named "nccl:<op>" as
+// ProcessGroupNCCL names it, on the host path too: the analyzer accepts no other prefix.
 
-#include "core/OpInfo.hpp"
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <chrono>
-#include <deque>
+#include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace streamnccl {
 
+// What a dump says of a group: its name (c10d's group name, the key the analyzer matches
+// groups on), its description ("default_pg", ...) and the global ranks of its members.
+struct RecordedGroup {
+  int64_t uid = 0;  // this process's count of groups, as torch's pg_id
+  std::string name;
+  std::string desc;
+  std::vector<int> globalRanks;
+};
+
+// What is known of an op when it is launched, besides its tensors.
+struct RecordedOp {
+  std::string profilingName;  // "nccl:all_reduce", "nccl:send 0->1", "nccl:recv 1<-0"
+  bool p2p = false;
+  uint64_t collectiveSeq = 0;
+  uint64_t p2pSeq = 0;
+  uint64_t opId = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
 class FlightRecorder {
  public:
-  enum class State { Queued, Started, Completed, Failed };
+  static FlightRecorder& instance();
 
-  explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
+  // Keeps at least the latest `capacity` ops (the most any group asked for); 0 records none.
+  void reserve(size_t capacity);
+  bool enabled() const;
 
-  // An op was launched; the oldest record goes once there are `capacity` of them.
-  void queued(const OpInfo& info);
-  void started(uint64_t seq);
-  void completed(uint64_t seq);
-  void failed(uint64_t seq, const std::string& error);
+  // The op was launched; returns its record id, or -1 when nothing is recorded. On the launch
+  // path: an entry reuses the memory of the one it replaces in the ring.
+  int64_t record(const std::shared_ptr<const RecordedGroup>& group, const RecordedOp& op,
+                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
+  // Its work began on its stream (the host: the worker took it up; CUDA: it was issued).
+  void started(int64_t id);
+  // It ended: completed, or failed with `error`; `durationMs` when it was timed.
+  void completed(int64_t id, std::optional<double> durationMs);
+  void failed(int64_t id, const std::string& error);
 
-  // Every record, oldest first, with `cause` (why the group broke) and who is dumping.
-  std::string toJson(const OpInfo& group, const std::string& cause) const;
-  // One line: the last few ops and their states.
-  std::string summary() const;
+  // The whole recorder as torch's flight recorder pickles it.
+  std::string dump() const;
+  // One line for the log: the last few ops of the group named `groupName` and their states.
+  std::string summary(const std::string& groupName) const;
 
  private:
-  struct Record {
-    OpInfo info;
-    State state = State::Queued;
-    std::chrono::steady_clock::time_point queuedAt;
-    std::chrono::steady_clock::time_point startedAt;
-    std::chrono::steady_clock::time_point endedAt;
+  enum class State { Scheduled, Started, Completed };
+  struct Tensors {
+    std::vector<std::vector<int64_t>> sizes;
+    std::vector<c10::ScalarType> dtypes;
+    void assign(const std::vector<at::Tensor>& tensors);
+  };
+  struct Entry {
+    int64_t id = -1;
+    std::shared_ptr<const RecordedGroup> group;
+    RecordedOp op;
+    Tensors inputs;
+    Tensors outputs;
+    State state = State::Scheduled;
+    bool retired = false;
+    int64_t createdNs = 0;
+    int64_t startedNs = 0;
+    int64_t completedNs = 0;
+    std::optional<double> durationMs;
     std::string error;
   };
-  Record* find(uint64_t seq);
+  // The entry of `id` if it is still kept (the buffer is a ring); the caller holds mutex_.
+  Entry* find(int64_t id);
 
-  const size_t capacity_;
-  const std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
+  std::atomic<bool> enabled_{false};  // read by every launch: no lock
   mutable std::mutex mutex_;
-  std::deque<Record> records_;
+  std::vector<Entry> ring_;
+  int64_t nextId_ = 0;
+  // Every group ever recorded, for pg_config: the analyzer needs the groups of old entries.
+  std::vector<std::shared_ptr<const RecordedGroup>> groups_;
 };
 
 }  // namespace streamnccl

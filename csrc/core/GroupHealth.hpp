@@ -1,10 +1,11 @@
 #pragma once
 
-// What a group knows of its own failures: the flight recorder of its latest ops, and the
-// first fault that broke it. Shared by the group, its watchdog and its ops' tasks, which may
-// outlive the group by a moment.
+// What a group knows of its own failures: the first fault that broke it, and where the flight
+// recorder goes when it breaks. Shared by the group, its watchdog and its ops' tasks, which
+// may outlive the group by a moment.
 
 #include "core/FlightRecorder.hpp"
+#include "core/OpInfo.hpp"
 
 #include <atomic>
 #include <exception>
@@ -16,22 +17,27 @@ namespace streamnccl {
 
 class GroupHealth {
  public:
-  GroupHealth(size_t recorderCapacity, std::optional<std::string> dumpDir);
+  GroupHealth(size_t recorderCapacity, std::optional<std::string> dumpDir, int globalRank);
 
-  FlightRecorder& recorder() { return recorder_; }
+  FlightRecorder& recorder() { return FlightRecorder::instance(); }
+  // The rank in the default group, which names this process's dump file.
+  void setGlobalRank(int rank) { globalRank_.store(rank); }
 
-  // Marks the group broken by `error` unless it already is, then logs the flight recorder's
-  // summary and writes it as JSON to the dump directory. `group` names the group and rank.
-  // True when this call broke the group.
+  // Marks the group broken by `error` unless it already is, then logs the group's latest ops
+  // and writes the flight recorder to <dump dir>/streamnccl_trace_rank_<global rank>.
+  // `group` names the group and rank. True when this call broke the group.
   bool breakWith(const OpInfo& group, std::exception_ptr error);
   // Cheap enough for every launch; raiseIfBroken() then says why.
   bool broken() const { return brokenFlag_.load(std::memory_order_acquire); }
   // Raises DistBackendError naming `op` and the original cause if the group is broken.
   void raiseIfBroken(const OpInfo& group, const char* op) const;
 
+  // The dump file's name without the rank, as torchfrtrace's --prefix takes it.
+  static constexpr const char* kDumpPrefix = "streamnccl_trace_rank_";
+
  private:
-  FlightRecorder recorder_;
   const std::optional<std::string> dumpDir_;
+  std::atomic<int> globalRank_;
   mutable std::mutex mutex_;
   std::exception_ptr broken_;
   std::atomic<bool> brokenFlag_{false};

@@ -24,10 +24,16 @@ class Options : public c10d::Backend::Options {
   std::optional<bool> blockingWait;
 
   // STREAMNCCL_DUMP_DIR: where a group that breaks (a timeout or a communication failure)
-  // writes its flight recorder as JSON; unset, the summary goes to the log only.
+  // writes this process's flight recorder, as <dir>/streamnccl_trace_rank_<global rank> in
+  // torch's format (torchfrtrace reads the folder); unset, the summary goes to the log only.
   std::optional<std::string> dumpDir;
-  // STREAMNCCL_TRACE_BUFFER_SIZE: how many of the latest ops the flight recorder keeps.
+  // STREAMNCCL_TRACE_BUFFER_SIZE: how many of the latest ops the flight recorder keeps (the
+  // recorder is one per process: it keeps the most any group asks for); 0 records nothing.
   std::optional<int> traceBufferSize;
+  // STREAMNCCL_ENABLE_TIMING: every op is timed between a start and an end event (on CUDA,
+  // events with timing, which cost more to record): work.get_duration(), the flight recorder
+  // and the group's stats then have durations.
+  std::optional<bool> enableTiming;
   // STREAMNCCL_DEBUG_CHECKS: before each collective, every rank checks through the Store that
   // all ranks issue the same op with compatible shapes, and raises naming both sides if not.
   // Slow (a Store round trip per op); for finding mismatched collectives.
@@ -51,6 +57,7 @@ class Options : public c10d::Backend::Options {
   bool useHighPriorityStreams() const { return highPriorityStreams.value_or(false); }
   bool useBlockingWait() const { return blockingWait.value_or(false); }
   bool useDebugChecks() const { return debugChecks.value_or(false); }
+  bool useTiming() const { return enableTiming.value_or(false); }
   size_t flightRecorderCapacity() const { return static_cast<size_t>(traceBufferSize.value_or(0)); }
 };
 

@@ -40,8 +40,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
                            : laneFor(tensor.device(), dstRank, Direction::Send, op);
   auto scratch = lowering::makeScratch(1);
   // Point-to-point ops carry no async flag in c10d: they run as async ops and dist.send waits.
-  return submit({op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout},
-                path,
+  Launch launch{op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout};
+  launch.peer = dstRank;
+  return submit(std::move(launch), path,
                 {[tensor, dstRank, scratch](Communicator& comm, c10::Stream stream) {
                    (*scratch)[0] = lowering::contiguous(tensor);
                    comm.send(lowering::bytes((*scratch)[0]), dstRank, stream);
@@ -57,8 +58,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
   Path& path = coalescing_ ? pathFor(tensor.device(), op)
                            : laneFor(tensor.device(), srcRank, Direction::Receive, op);
   auto scratch = lowering::makeScratch(1);
-  return submit({op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout},
-                path,
+  Launch launch{op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
+  launch.peer = srcRank;
+  return submit(std::move(launch), path,
                 {[tensor, srcRank, scratch](Communicator& comm, c10::Stream stream) {
                    (*scratch)[0] = lowering::contiguous(tensor);
                    comm.recv(lowering::bytes((*scratch)[0]), srcRank, stream);
@@ -109,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
   return submit(
       {op, c10d::OpType::GATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
       {[input, outputs, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
-         comm.groupStart();
+         CommunicatorGroup group(comm);
          if (rank == root) {
            for (const auto r : c10::irange(size)) {
              if (r != root) {
@@ -121,7 +123,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
            (*scratch)[size] = lowering::contiguous(input);
            comm.send(lowering::bytes((*scratch)[size]), root, stream);
          }
-         comm.groupEnd();
+         group.end();
        },
        [input, outputs, root, rank, size, scratch]() {
          if (rank != root) {
@@ -160,7 +162,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
   return submit(
       {op, c10d::OpType::SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout}, path,
       {[inputs, output, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
-         comm.groupStart();
+         CommunicatorGroup group(comm);
          if (rank == root) {
            for (const auto r : c10::irange(size)) {
              if (r != root) {
@@ -172,7 +174,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
            (*scratch)[size] = lowering::contiguous(output);
            comm.recv(lowering::bytes((*scratch)[size]), root, stream);
          }
-         comm.groupEnd();
+         group.end();
        },
        [inputs, output, root, rank, size, scratch]() {
          if (rank == root) {
@@ -212,33 +214,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
     return bytes.narrow(0, row * rowBytes, rows * rowBytes);
   };
-  return submit(
-      {op, c10d::OpType::ALLTOALL_BASE, input, {input}, {output}, opts.asyncOp, opts.timeout}, path,
-      {[=](Communicator& comm, c10::Stream stream) {
-         (*scratch)[0] = lowering::bytes(lowering::contiguous(input));
-         (*scratch)[1] = lowering::contiguous(output);
-         const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
-         comm.groupStart();
-         for (const auto r : c10::irange(size)) {
-           if (r == rank) {
-             continue;  // copied in finish
-           }
-           // Zero-row blocks are skipped on both sides: the peer's splits say the same.
-           if (inSplits[r] > 0) {
-             comm.send(block((*scratch)[0], inOffsets[r], inSplits[r], inRow), r, stream);
-           }
-           if (outSplits[r] > 0) {
-             comm.recv(block(outBytes, outOffsets[r], outSplits[r], outRow), r, stream);
-           }
-         }
-         comm.groupEnd();
-       },
-       [=]() {
-         const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
-         block(outBytes, outOffsets[rank], outSplits[rank], outRow)
-             .copy_(block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
-         lowering::copyBack(output, (*scratch)[1]);
-       }});
+  Launch launch{op,          c10d::OpType::ALLTOALL_BASE, input, {input}, {output}, opts.asyncOp,
+                opts.timeout};
+  launch.inputSplitSizes = inputSplitSizes;
+  launch.outputSplitSizes = outputSplitSizes;
+  return submit(std::move(launch), path,
+                {[=](Communicator& comm, c10::Stream stream) {
+                   (*scratch)[0] = lowering::bytes(lowering::contiguous(input));
+                   (*scratch)[1] = lowering::contiguous(output);
+                   const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
+                   CommunicatorGroup group(comm);
+                   for (const auto r : c10::irange(size)) {
+                     if (r == rank) {
+                       continue;  // copied in finish
+                     }
+                     // Zero-row blocks are skipped on both sides: the peer's splits say the same.
+                     if (inSplits[r] > 0) {
+                       comm.send(block((*scratch)[0], inOffsets[r], inSplits[r], inRow), r, stream);
+                     }
+                     if (outSplits[r] > 0) {
+                       comm.recv(block(outBytes, outOffsets[r], outSplits[r], outRow), r, stream);
+                     }
+                   }
+                   group.end();
+                 },
+                 [=]() {
+                   const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
+                   block(outBytes, outOffsets[rank], outSplits[rank], outRow)
+                       .copy_(block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
+                   lowering::copyBack(output, (*scratch)[1]);
+                 }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& outputTensors,
@@ -265,7 +270,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
       {[=](Communicator& comm, c10::Stream stream) {
-         comm.groupStart();
+         CommunicatorGroup group(comm);
          for (const auto r : c10::irange(size)) {
            if (r == rank) {
              continue;
@@ -279,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
              comm.recv(lowering::bytes((*scratch)[size + r]), r, stream);
            }
          }
-         comm.groupEnd();
+         group.end();
        },
        [=]() {
          for (const auto r : c10::irange(size)) {

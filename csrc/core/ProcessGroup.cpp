@@ -6,7 +6,11 @@
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
+#include <ATen/record_function.h>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+
 #include <algorithm>
+#include <numeric>
 #include <sstream>
 #include <unordered_set>
 
@@ -19,6 +23,8 @@ std::unordered_set<ProcessGroup*>& liveGroups() {
   static auto* groups = new std::unordered_set<ProcessGroup*>();  // never destroyed: used at exit
   return *groups;
 }
+
+std::atomic<int64_t> groupsMade{0};
 
 std::vector<c10::Device> futureDevices(const c10::Device& device) {
   // A CPU future needs no devices: it is completed only once its values are ready.
@@ -36,10 +42,15 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
       options_(std::move(options)),
       factories_(std::move(factories)),
       store_(std::move(store)),
-      health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir)),
-      watchdog_(Watchdog::start(health_, [this] { return groupInfo(); })) {
+      health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir,
+                                            rank)),
+      stats_(std::make_shared<GroupStats>()),
+      watchdog_(Watchdog::start(health_, stats_, [this] { return groupInfo(); })),
+      uid_(groupsMade++) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
                     " is not in [0, ", size, ")");
+  globalRanks_.resize(size);
+  std::iota(globalRanks_.begin(), globalRanks_.end(), 0);
   std::lock_guard<std::mutex> lock(liveGroupsMutex);
   liveGroups().insert(this);
 }
@@ -51,7 +62,17 @@ void ProcessGroup::shutdownAll() {
   }
 }
 
-void ProcessGroup::shutdown() { watchdog_->stop(); }
+void ProcessGroup::retireCompletedOfAll() {
+  std::lock_guard<std::mutex> lock(liveGroupsMutex);
+  for (ProcessGroup* group : liveGroups()) {
+    group->watchdog_->releaseCompleted();
+  }
+}
+
+void ProcessGroup::shutdown() {
+  watchdog_->stop();
+  watchdog_->stopConnecting();  // nobody will use a connection still being made at exit
+}
 
 ProcessGroup::~ProcessGroup() {
   {
@@ -162,8 +183,33 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
   auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),
                                                  static_cast<int>(ranks.size()), options,
                                                  std::move(factories));
+  std::vector<int> globalRanks;
+  for (const int rank : ranks) {
+    globalRanks.push_back(globalRanks_.at(rank));
+  }
+  group->setGlobalRanks(std::move(globalRanks));
   lastSplit_ = LastSplit{store.get(), ranks, group};
   return group;
+}
+
+void ProcessGroup::setGlobalRanks(std::vector<int> globalRanks) {
+  TORCH_CHECK_VALUE(static_cast<int>(globalRanks.size()) == getSize(),
+                    "streamnccl: ", globalRanks.size(), " global ranks given for a group of ",
+                    getSize());
+  health_->setGlobalRank(globalRanks[getRank()]);
+  globalRanks_ = std::move(globalRanks);
+}
+
+const std::shared_ptr<const RecordedGroup>& ProcessGroup::recordedGroup() {
+  std::call_once(recordedGroupMade_, [&] {
+    auto group = std::make_shared<RecordedGroup>();
+    group->uid = uid_;
+    group->name = getGroupUid().empty() ? std::to_string(uid_) : getGroupUid();
+    group->desc = getGroupDesc();
+    group->globalRanks = globalRanks_;
+    recordedGroup_ = std::move(group);
+  });
+  return recordedGroup_;
 }
 
 void ProcessGroup::eagerConnectSingleDevice(at::Device device) {
@@ -222,8 +268,82 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
   return c10d::Work::create_from_future(group.outcome->future());
 }
 
+namespace {
+
+int64_t elementsOf(const std::vector<at::Tensor>& tensors) {
+  int64_t count = 0;
+  for (const auto& tensor : tensors) {
+    count += tensor.numel();
+  }
+  return count;
+}
+
+uint64_t bytesOf(const std::vector<at::Tensor>& tensors) {
+  uint64_t bytes = 0;
+  for (const auto& tensor : tensors) {
+    bytes += tensor.nbytes();
+  }
+  return bytes;
+}
+
+bool isPointToPoint(c10d::OpType opType) {
+  return opType == c10d::OpType::SEND || opType == c10d::OpType::RECV ||
+         opType == c10d::OpType::RECVANYSOURCE;
+}
+
+}  // namespace
+
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               std::shared_ptr<OpOutcome> outcome) {
+  if (!at::hasCallbacks()) {  // nothing observes ops: the common case stays cheap
+    return issue(std::move(launch), path, std::move(steps), std::move(outcome));
+  }
+  // The group's members as the profiler's metadata describes them: a start and a stride
+  // when they are evenly spaced (-1 when not).
+  const int start = globalRanks_.front();
+  int stride = globalRanks_.size() > 1 ? globalRanks_[1] - globalRanks_[0] : 1;
+  for (size_t i = 1; i < globalRanks_.size(); ++i) {
+    if (globalRanks_[i] - globalRanks_[i - 1] != stride) {
+      stride = -1;
+    }
+  }
+  RECORD_PARAM_COMMS_DATA(
+      std::make_tuple(static_cast<int64_t>(seq_.load() + 1), isPointToPoint(launch.opType)),
+      std::make_tuple(getGroupUid(), getGroupDesc()), launch.inputs, launch.outputs, getRank(),
+      launch.op, elementsOf(launch.inputs), elementsOf(launch.outputs),
+      launch.shapeOf.scalar_type(), launch.inputSplitSizes, launch.outputSplitSizes, start, stride,
+      getSize());
+  return issue(std::move(launch), path, std::move(steps), std::move(outcome));
+}
+
+int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds timeout) {
+  const bool p2p = isPointToPoint(launch.opType);
+  ++(p2p ? p2pSeq_ : collectiveSeq_);
+  ++opId_;
+  FlightRecorder& recorder = FlightRecorder::instance();
+  if (!recorder.enabled()) {
+    return -1;
+  }
+  RecordedOp op;
+  // As ProcessGroupNCCL names its ops, which is what the analyzer knows.
+  op.profilingName =
+      std::string("nccl:") +
+      (launch.opType == c10d::OpType::BARRIER ? "all_reduce_barrier" : opKindName(launch.opType));
+  if (launch.opType == c10d::OpType::SEND) {
+    op.profilingName += " " + std::to_string(getRank()) + "->" + std::to_string(launch.peer);
+  } else if (p2p) {
+    op.profilingName += " " + std::to_string(getRank()) + "<-" + std::to_string(launch.peer);
+  }
+  op.p2p = p2p;
+  op.collectiveSeq = collectiveSeq_;
+  op.p2pSeq = p2pSeq_;
+  op.opId = opId_;
+  op.timeout = timeout;
+  return recorder.record(recordedGroup(), op, launch.inputs, launch.outputs);
+}
+
+c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps steps,
+                                             std::shared_ptr<OpOutcome> outcome) {
   refuseIfBroken(launch.op);
   Device& device = *path.device;
   const c10::Stream current = device.currentStream();
@@ -231,7 +351,10 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   // waited for or queried from the host, so it is neither tracked nor timed. Nor may this
   // thread query events during its capture.
   const bool captured = device.isCapturing(current);
-  if (!captured) {
+  if (captured) {
+    // A lane still connecting would issue the op after the capture has ended.
+    path.communicator->waitReady();
+  } else {
     watchdog_->releaseCompleted();  // earlier ops that completed, recorded before this one
   }
   OpInfo info{launch.op,
@@ -242,6 +365,7 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
               launch.shapeOf.sizes().vec(),
               launch.shapeOf.scalar_type()};
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
+  info.traceId = trace(launch, timeout);
   if (!outcome) {
     outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
                                           futureDevices(device.device()));
@@ -253,7 +377,6 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
     work->reportSourceRank(launch.sourceRank);
   }
 
-  health_->recorder().queued(info);
   if (options_->useDebugChecks()) {
     checkSameOpOnEveryRank(info, launch.opType);
   }
@@ -264,8 +387,8 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   // A failure in it breaks the group: its ranks can no longer be assumed in step.
   auto task = [outcome, info, steps = std::move(steps), communicator = path.communicator,
                outputs = launch.outputs, opStream, watchdog = watchdog_, group = groupInfo()]() {
-    watchdog->health().recorder().started(info.seq);
     try {
+      watchdog->health().recorder().started(info.traceId);
       steps.issue(*communicator, opStream);
       if (steps.finish) {
         steps.finish();
@@ -273,15 +396,29 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
       outcome->succeed(outputs);  // completed is recorded when its end event has passed
     } catch (...) {
       outcome->fail(info, std::current_exception());
-      watchdog->health().recorder().failed(info.seq, describeException(std::current_exception()));
+      watchdog->health().recorder().failed(info.traceId,
+                                           describeException(std::current_exception()));
       watchdog->breakGroup(group, outcome->failure());
     }
   };
 
+  // Counted as in flight until the watchdog retires it (captured ops are never tracked).
+  stats_->launched(launch.opType, std::max(bytesOf(launch.inputs), bytesOf(launch.outputs)),
+                   /*tracked=*/!captured);
+  // Timed ops are timed on their stream, from an event before the op to its end event.
+  const bool timed = options_->useTiming() && !captured;
   if (!launch.async) {
+    std::unique_ptr<Event> start;
+    if (timed) {
+      start = device.createTimedEvent();
+      start->record(current);
+    }
     device.enqueue(current, std::move(task));
     // A sync op has been issued (CUDA) or has run (host): a failure so far is raised here.
     if (auto failure = outcome->failure()) {
+      if (!captured) {
+        watchdog_->track(work);  // so that its end is counted, as failed
+      }
       std::rethrow_exception(failure);
     }
     if (captured) {
@@ -289,8 +426,9 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
     }
     // Its end is marked for the watchdog, so that a sync op stuck on the caller's stream
     // times out too; nothing ever waits on this event.
-    auto end = device.createEvent();
+    auto end = timed ? device.createTimedEvent() : device.createEvent();
     end->record(current);
+    work->setStart(std::move(start));
     work->setEnd(std::move(end), {}, /*joinOnWait=*/false);
     watchdog_->track(work);
     return work;
@@ -299,8 +437,13 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
   auto ready = device.createEvent();
   ready->record(current);
   ready->block(opStream);
+  if (timed) {
+    auto start = device.createTimedEvent();
+    start->record(opStream);
+    work->setStart(std::move(start));
+  }
   device.enqueue(opStream, std::move(task));
-  auto end = device.createEvent();
+  auto end = timed ? device.createTimedEvent() : device.createEvent();
   end->record(opStream);
   if (captured) {
     // The graph's own memory pool keeps its tensors; wait() still joins the caller's stream.
@@ -345,7 +488,7 @@ void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opTyp
           makeDistBackendError(info.describe() + ": debug check failed: this rank issued " + text +
                                " but rank " + std::to_string(peer) + " issued " + theirs +
                                " as collective #" + std::to_string(checkedCollectives_));
-      health_->recorder().failed(info.seq, describeException(error));
+      health_->recorder().failed(info.traceId, describeException(error));
       watchdog_->breakGroup(groupInfo(), error);
       std::rethrow_exception(error);
     }
@@ -391,11 +534,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
   }
   const at::Tensor shapeOf = group.inputs.empty() ? group.outputs.front() : group.inputs.front();
   Steps combined{[steps = group.steps](Communicator& comm, c10::Stream stream) {
-                   comm.groupStart();
+                   CommunicatorGroup group(comm);
                    for (const auto& step : steps) {
                      step.issue(comm, stream);
                    }
-                   comm.groupEnd();
+                   group.end();
                  },
                  [steps = group.steps]() {
                    for (const auto& step : steps) {

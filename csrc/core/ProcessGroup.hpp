@@ -1,6 +1,8 @@
 #pragma once
 
+#include "core/FlightRecorder.hpp"
 #include "core/GroupHealth.hpp"
+#include "core/GroupStats.hpp"
 #include "core/OnceMap.hpp"
 #include "core/Options.hpp"
 #include "core/Path.hpp"
@@ -56,11 +58,29 @@ class ProcessGroup final : public c10d::Backend {
   void shutdown() override;
   // shutdown() of every group alive in this process.
   static void shutdownAll();
+  // Every live group counts its ops whose end has passed as ended, so that a dump of the
+  // flight recorder does not show a waited-for op as still running.
+  static void retireCompletedOfAll();
   // Sequence numbers start at 0 in every group; there is nothing to agree on.
   void setSequenceNumberForGroup() override {}
   // Opens the path for `device` now (on CUDA: creates the NCCL communicator) instead of at
   // the first op. Collective: every rank calls it.
   void eagerConnectSingleDevice(at::Device device) override;
+
+  // The global rank of each member (torch's global_ranks_in_group; by default the group's own
+  // ranks), which the flight recorder's dump and the profiler's metadata name.
+  void setGlobalRanks(std::vector<int> globalRanks);
+  // This group's stats per op kind (GroupStats::snapshot), and their reset.
+  // Ops whose end has passed are counted first, so that a waited-for op is not in flight.
+  c10::impl::GenericDict statsSnapshot() const {
+    watchdog_->releaseCompleted();
+    return stats_->snapshot();
+  }
+  // (An op still in flight at the reset is counted when it ends, as ended after it.)
+  void resetStats() {
+    watchdog_->releaseCompleted();
+    stats_->reset();
+  }
 
   // Collectives.cpp
   c10::intrusive_ptr<c10d::Work> allreduce(
@@ -147,6 +167,9 @@ class ProcessGroup final : public c10d::Backend {
     bool blockHostOnWait = false;
     // A recv from any source: where its task writes the sender, for the Work to report.
     std::shared_ptr<std::atomic<int>> sourceRank = nullptr;
+    int peer = -1;                         // a send's or recv's, for the flight recorder
+    std::vector<int64_t> inputSplitSizes;  // all_to_all's, for the profiler
+    std::vector<int64_t> outputSplitSizes;
   };
 
   // The ops recorded since startCoalescing().
@@ -180,8 +203,19 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> coalesce(const std::function<void()>& record);
   // Launches the op now, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> submit(Launch launch, Path& path, Steps steps);
+  // When something observes ops (torch.profiler), wraps issue() in a record_param_comms range
+  // carrying the op's metadata, as ProcessGroupNCCL does; else it is issue().
   c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Steps steps,
                                   std::shared_ptr<OpOutcome> outcome = nullptr);
+  // Issues the op following the stream contract (Device.hpp).
+  c10::intrusive_ptr<Work> issue(Launch launch, Path& path, Steps steps,
+                                 std::shared_ptr<OpOutcome> outcome);
+  // Counts the op in its sequence and records it in the flight recorder; returns its record
+  // id (-1 when the recorder is off).
+  int64_t trace(const Launch& launch, std::chrono::milliseconds timeout);
+  // This group as the flight recorder names it, made at its first recorded op (c10d names
+  // the group after constructing it).
+  const std::shared_ptr<const RecordedGroup>& recordedGroup();
   // Options::debugChecks: raises (and breaks the group) unless every rank issues this same
   // collective, with the same shape where the op needs one.
   void checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opType);
@@ -203,7 +237,18 @@ class ProcessGroup final : public c10d::Backend {
   uint64_t checkedCollectives_ = 0;  // the debug checks' own count: p2p ops do not take part
 
   const std::shared_ptr<GroupHealth> health_;
+  const std::shared_ptr<GroupStats> stats_;
   const std::shared_ptr<Watchdog> watchdog_;
+  const int64_t uid_;  // this process's count of groups
+
+  std::vector<int> globalRanks_;
+  std::once_flag recordedGroupMade_;
+  std::shared_ptr<const RecordedGroup> recordedGroup_;
+  // The flight recorder's sequences: collectives (and coalesced groups), point-to-point ops,
+  // and all ops. Counted on the calling thread, in program order.
+  uint64_t collectiveSeq_ = 0;
+  uint64_t p2pSeq_ = 0;
+  uint64_t opId_ = 0;
 
   // Opened on first use; a slow opening holds up only the ops that need that path.
   OnceMap<c10::Device, Path> paths_;

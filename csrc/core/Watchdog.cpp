@@ -12,14 +12,19 @@ constexpr auto kPeriod = std::chrono::milliseconds(50);
 }  // namespace
 
 std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
+                                          std::shared_ptr<GroupStats> stats,
                                           std::function<OpInfo()> describeGroup) {
-  std::shared_ptr<Watchdog> watchdog(new Watchdog(std::move(health), std::move(describeGroup)));
+  std::shared_ptr<Watchdog> watchdog(
+      new Watchdog(std::move(health), std::move(stats), std::move(describeGroup)));
   watchdog->thread_ = std::thread([raw = watchdog.get()] { raw->loop(); });  // joined by stop()
   return watchdog;
 }
 
-Watchdog::Watchdog(std::shared_ptr<GroupHealth> health, std::function<OpInfo()> describeGroup)
-    : health_(std::move(health)), describeGroup_(std::move(describeGroup)) {}
+Watchdog::Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
+                   std::function<OpInfo()> describeGroup)
+    : health_(std::move(health)),
+      stats_(std::move(stats)),
+      describeGroup_(std::move(describeGroup)) {}
 
 Watchdog::~Watchdog() { stop(); }
 
@@ -57,6 +62,13 @@ void Watchdog::watch(std::shared_ptr<Communicator> communicator) {
 
 void Watchdog::track(c10::intrusive_ptr<Work> work) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!brokenReason_.empty()) {
+    // Launched while the group was being broken: its kernel may have been aborted too.
+    work->fail(brokenReason_);
+    retire(*work);
+    done_.push_back(std::move(work));
+    return;
+  }
   inFlight_.push_back(std::move(work));
 }
 
@@ -64,9 +76,7 @@ void Watchdog::collectCompleted() {
   auto done = std::stable_partition(inFlight_.begin(), inFlight_.end(),
                                     [](const auto& work) { return !work->isCompleted(); });
   for (auto work = done; work != inFlight_.end(); ++work) {
-    if ((*work)->isSuccess()) {
-      health_->recorder().completed((*work)->info().seq);
-    }
+    retire(**work);
     done_.push_back(std::move(*work));
   }
   inFlight_.erase(done, inFlight_.end());
@@ -100,8 +110,13 @@ void Watchdog::check() {
     const std::string reason =
         "timed out after " + std::to_string(work->timeout().count()) + " ms (streamnccl watchdog)";
     work->fail(reason);
-    health_->recorder().failed(work->info().seq, reason);
+    retire(*work);
     breakGroup(work->info(), work->exception());
+  }
+  if (!expired.empty()) {
+    // Released on a caller's thread like every other op, never here.
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_.insert(done_.end(), expired.begin(), expired.end());
   }
   for (const auto& weak : communicators) {
     auto communicator = weak.lock();
@@ -120,15 +135,16 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error) {
   if (!health_->breakWith(group, error)) {
     return;
   }
+  const std::string reason = "the group broke: " + describeException(error);
   std::vector<c10::intrusive_ptr<Work>> failing;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failing.swap(inFlight_);
+    brokenReason_ = reason;  // ops tracked from now on fail at once (track())
   }
-  const std::string reason = "the group broke: " + describeException(error);
   for (const auto& work : failing) {
     work->fail(reason);
-    health_->recorder().failed(work->info().seq, reason);
+    retire(*work);
   }
   abortCommunicators();
   // Only now, with their kernels stopped, may the failed ops' tensors go (on a caller's
@@ -137,19 +153,47 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error) {
   done_.insert(done_.end(), failing.begin(), failing.end());
 }
 
+void Watchdog::retire(Work& work) {
+  if (!work.markRetired()) {
+    return;
+  }
+  if (work.isSuccess()) {
+    const auto duration = work.durationMs();
+    health_->recorder().completed(work.info().traceId, duration);
+    stats_->ended(work.retrieveOpType(), /*succeeded=*/true, duration);
+  } else {
+    health_->recorder().failed(work.info().traceId, describeException(work.exception()));
+    stats_->ended(work.retrieveOpType(), /*succeeded=*/false, std::nullopt);
+  }
+}
+
 void Watchdog::abortCommunicators() {
+  // Once; a concurrent caller (the group's teardown beside a failing op) waits until the
+  // aborts have returned, so that it lets no tensor go before.
+  std::call_once(abortOnce_, [&] {
+    std::vector<std::weak_ptr<Communicator>> communicators;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      aborted_ = true;  // a communicator watched from now on is aborted at once (watch())
+      communicators = communicators_;
+    }
+    for (const auto& weak : communicators) {
+      if (auto communicator = weak.lock()) {
+        communicator->abort();
+      }
+    }
+  });
+}
+
+void Watchdog::stopConnecting() {
   std::vector<std::weak_ptr<Communicator>> communicators;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (aborted_) {
-      return;
-    }
-    aborted_ = true;
     communicators = communicators_;
   }
   for (const auto& weak : communicators) {
     if (auto communicator = weak.lock()) {
-      communicator->abort();
+      communicator->stopConnecting();
     }
   }
 }

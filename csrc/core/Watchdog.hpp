@@ -18,6 +18,7 @@
 
 #include "core/Communicator.hpp"
 #include "core/GroupHealth.hpp"
+#include "core/GroupStats.hpp"
 #include "core/Work.hpp"
 
 #include <condition_variable>
@@ -33,7 +34,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
  public:
   // `describeGroup` names the group in the watchdog's own messages; it is called only until
   // stop().
+  // `stats`: where each op's end is counted.
   static std::shared_ptr<Watchdog> start(std::shared_ptr<GroupHealth> health,
+                                         std::shared_ptr<GroupStats> stats,
                                          std::function<OpInfo()> describeGroup);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
@@ -63,15 +66,21 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   void abortCommunicators();
   // Lets go of every op still held, completed or not (at the group's end, after any abort).
   void releaseAll();
+  // Every communicator still connecting gives up (at interpreter exit).
+  void stopConnecting();
 
  private:
-  Watchdog(std::shared_ptr<GroupHealth> health, std::function<OpInfo()> describeGroup);
+  Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
+           std::function<OpInfo()> describeGroup);
   void loop();
   void check();
   // Moves the completed ops of inFlight_ to done_. With mutex_ held.
   void collectCompleted();
+  // Counts the op's end, completed or failed, once: in the flight recorder and the stats.
+  void retire(Work& work);
 
   const std::shared_ptr<GroupHealth> health_;
+  const std::shared_ptr<GroupStats> stats_;
   const std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;
@@ -79,6 +88,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   std::vector<c10::intrusive_ptr<Work>> done_;  // released by releaseCompleted()
   std::vector<std::weak_ptr<Communicator>> communicators_;
   bool aborted_ = false;
+  std::once_flag abortOnce_;
+  std::string brokenReason_;  // set once the group is broken
 
   std::mutex stopMutex_;
   std::condition_variable wake_;

@@ -103,6 +103,26 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() { return outcome_->future(); }
 
+std::optional<double> Work::durationMs() const {
+  if (!start_ || !end_ || captured_) {
+    return std::nullopt;
+  }
+  return end_->millisecondsSince(*start_);
+}
+
+float Work::getDuration() const {
+  STREAMNCCL_CHECK_ARG(start_ && !captured_, info_.name,
+                       "get_duration() needs timing, which is off for this op: create the group "
+                       "with streamnccl.Options(enable_timing=True) or set "
+                       "STREAMNCCL_ENABLE_TIMING=1",
+                       captured_ ? " (an op captured into a CUDA graph is never timed)" : "");
+  const auto duration = durationMs();
+  STREAMNCCL_CHECK_ARG(
+      duration, info_.name,
+      "get_duration() is known once the op has completed (work.is_completed() is True)");
+  return static_cast<float>(*duration);
+}
+
 int Work::sourceRank() const {
   STREAMNCCL_CHECK_ARG(sender_, info_.name,
                        "sourceRank() names the sender of a recv from any source only");

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace streamnccl {
@@ -53,6 +54,9 @@ class Work : public c10d::Work {
   // event has completed. `joinOnWait`: wait() makes the caller's stream wait for `end`
   // (async ops); a sync op's `end` is on the caller's stream already, and only watched.
   void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait);
+  // A timed op (Options::enableTiming): the event before it on its stream; `end` then times
+  // against it.
+  void setStart(std::unique_ptr<Event> start) { start_ = std::move(start); }
   // The op was captured into a CUDA graph: it runs at each replay, so the host has nothing to
   // wait for and its events cannot be queried; wait() only joins the caller's stream.
   void markCaptured() { captured_ = true; }
@@ -65,6 +69,13 @@ class Work : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return info_.seq; }
+  // Milliseconds from the op's start to its end on its stream; raises unless the op is timed
+  // and has completed.
+  float getDuration() const override;
+  // The same, or nullopt where getDuration() raises.
+  std::optional<double> durationMs() const;
+  // True on the first call only: an op's end is counted once (stats, flight recorder).
+  bool markRetired() { return !retired_.exchange(true); }
   // A recv from any source: the sender, once the op has completed.
   int sourceRank() const override;
   void reportSourceRank(std::shared_ptr<const std::atomic<int>> sender) {
@@ -92,8 +103,10 @@ class Work : public c10d::Work {
 
   std::shared_ptr<const std::atomic<int>> sender_;  // set for a recv from any source
 
+  std::unique_ptr<Event> start_;
   std::unique_ptr<Event> end_;
   bool joinOnWait_ = true;
+  std::atomic<bool> retired_{false};
   std::mutex inUseMutex_;
   std::vector<at::Tensor> inUse_;
 };

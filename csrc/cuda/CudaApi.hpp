@@ -49,8 +49,9 @@ class CudaApi {
   // cudaThreadExchangeStreamCaptureMode for the calling thread; returns the previous mode.
   virtual cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode) = 0;
 
-  // cudaEventCreateWithFlags(cudaEventDisableTiming) on the current device.
-  virtual cudaEvent_t createEvent() = 0;
+  // cudaEventCreateWithFlags on the current device: with cudaEventDisableTiming unless
+  // `timing` (a timing event costs more to record; only timed ops need one).
+  virtual cudaEvent_t createEvent(bool timing) = 0;
   virtual void destroyEvent(cudaEvent_t event) = 0;
   // With the stream's device current.
   virtual void recordEvent(cudaEvent_t event, c10::Stream stream) = 0;
@@ -58,6 +59,8 @@ class CudaApi {
   // cudaEventQuery, with the event's device current: true once the recorded work has run;
   // never blocks. Throws on an error, as for an event recorded during a capture.
   virtual bool queryEvent(cudaEvent_t event) = 0;
+  // cudaEventElapsedTime, with the events' device current: both made with timing, both passed.
+  virtual float elapsedMs(cudaEvent_t start, cudaEvent_t end) = 0;
 };
 
 }  // namespace streamnccl

@@ -1,5 +1,8 @@
 #include "cuda/CudaDevice.hpp"
 
+#include <ATen/ThreadLocalState.h>
+#include <c10/util/Logging.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -15,10 +18,12 @@ struct EventState {
       : cuda(std::move(cuda)), pool(std::move(pool)), device(device), event(this->pool->take()) {}
   ~EventState() { pool->give(event); }
 
-  void markRecorded() {
+  // `failed`: the record itself failed, so there is nothing to wait for.
+  void markRecorded(bool failed) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       recorded = true;
+      recordFailed = failed;
     }
     changed.notify_all();
   }
@@ -26,9 +31,11 @@ struct EventState {
     std::unique_lock<std::mutex> lock(mutex);
     return changed.wait_for(lock, timeout, [&] { return recorded; });
   }
-  void waitUntilRecorded() {
+  // False when the record failed.
+  bool waitUntilRecorded() {
     std::unique_lock<std::mutex> lock(mutex);
     changed.wait(lock, [&] { return recorded; });
+    return !recordFailed;
   }
   bool isRecorded() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -42,6 +49,7 @@ struct EventState {
   std::mutex mutex;
   std::condition_variable changed;
   bool recorded = false;  // issued: its record on a gated stream may come later
+  bool recordFailed = false;
 };
 
 // Queries in thread-local capture mode: a query from a thread that is not capturing must not
@@ -67,9 +75,14 @@ class CudaEvent final : public Event {
 
   void record(c10::Stream stream) override {
     device_.issueFor(stream, [state = state_, stream] {
-      auto onDevice = state->cuda->useDevice(state->device);
-      state->cuda->recordEvent(state->event, stream);
-      state->markRecorded();
+      try {
+        auto onDevice = state->cuda->useDevice(state->device);
+        state->cuda->recordEvent(state->event, stream);
+      } catch (...) {
+        state->markRecorded(/*failed=*/true);  // no waiter is left waiting for it
+        throw;
+      }
+      state->markRecorded(/*failed=*/false);
     });
   }
 
@@ -77,7 +90,9 @@ class CudaEvent final : public Event {
     device_.issueFor(stream, [state = state_, stream] {
       // A stream outside the gate waits on the host until the event's record is issued (a
       // gated lane issues it once its communicator has connected, or failed to).
-      state->waitUntilRecorded();
+      if (!state->waitUntilRecorded()) {
+        return;
+      }
       auto onDevice = state->cuda->useDevice(state->device);
       state->cuda->streamWaitEvent(stream, state->event);
     });
@@ -90,6 +105,17 @@ class CudaEvent final : public Event {
     auto onDevice = state_->cuda->useDevice(state_->device);  // no context on device 0
     CaptureModeScope threadLocal(*state_->cuda);
     return state_->cuda->queryEvent(state_->event);
+  }
+
+  std::optional<double> millisecondsSince(Event& start) override {
+    auto* from = dynamic_cast<CudaEvent*>(&start);
+    if (!from || !state_->pool->timing() || !from->state_->pool->timing() || !from->query() ||
+        !query()) {
+      return std::nullopt;
+    }
+    auto onDevice = state_->cuda->useDevice(state_->device);
+    CaptureModeScope threadLocal(*state_->cuda);
+    return state_->cuda->elapsedMs(from->state_->event, state_->event);
   }
 
   bool synchronize(std::chrono::milliseconds timeout) override {
@@ -153,12 +179,16 @@ void StreamGate::open() {
       issue = std::move(waiting_.front());
       waiting_.pop_front();
     }
-    issue();
+    try {
+      issue();
+    } catch (const std::exception& e) {  // what follows it on the stream must still be issued
+      LOG(ERROR) << "streamnccl: work held for a lane failed as it was issued: " << e.what();
+    }
   }
 }
 
-CudaEventPool::CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device)
-    : cuda_(std::move(cuda)), device_(device) {}
+CudaEventPool::CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device, bool timing)
+    : cuda_(std::move(cuda)), device_(device), timing_(timing) {}
 
 CudaEventPool::~CudaEventPool() {
   auto onDevice = cuda_->useDevice(device_);
@@ -177,7 +207,7 @@ cudaEvent_t CudaEventPool::take() {
     }
   }
   auto onDevice = cuda_->useDevice(device_);
-  return cuda_->createEvent();
+  return cuda_->createEvent(timing_);
 }
 
 // An event may go back still pending: a stream that waits on it has already captured that
@@ -192,13 +222,23 @@ CudaDevice::CudaDevice(std::shared_ptr<CudaApi> cuda, c10::Device device, bool h
     : cuda_(std::move(cuda)),
       device_(device),
       highPriority_(highPriority),
-      events_(std::make_shared<CudaEventPool>(cuda_, device)) {}
+      events_(std::make_shared<CudaEventPool>(cuda_, device, /*timing=*/false)),
+      timedEvents_(std::make_shared<CudaEventPool>(cuda_, device, /*timing=*/true)) {}
 
 CudaDevice::~CudaDevice() {
-  if (internal_) {
-    // The runtime frees the stream once the work queued on it has run.
-    auto onDevice = cuda_->useDevice(device_);
-    cuda_->destroyStream(*internal_);
+  if (!internal_) {
+    return;
+  }
+  // The runtime frees the stream once the work queued on it has run; a lane's gate may still
+  // hold work for it, so the stream goes after that work.
+  auto destroy = [cuda = cuda_, device = device_, stream = *internal_] {
+    auto onDevice = cuda->useDevice(device);
+    cuda->destroyStream(stream);
+  };
+  if (gate_) {
+    gate_->pass(std::move(destroy));
+  } else {
+    destroy();
   }
 }
 
@@ -214,6 +254,10 @@ std::unique_ptr<Event> CudaDevice::createEvent() {
   return std::make_unique<CudaEvent>(*this, events_);
 }
 
+std::unique_ptr<Event> CudaDevice::createTimedEvent() {
+  return std::make_unique<CudaEvent>(*this, timedEvents_);
+}
+
 void CudaDevice::issueFor(c10::Stream stream, std::function<void()> issue) {
   if (gate_ && internal_ && stream == *internal_) {
     gate_->pass(std::move(issue));
@@ -223,6 +267,14 @@ void CudaDevice::issueFor(c10::Stream stream, std::function<void()> issue) {
 }
 
 void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
+  if (gate_ && internal_ && stream == *internal_) {
+    // It may run later, on the connecting thread: with the caller's grad mode, inference
+    // mode, dispatch exclusions and the like, as it would have run here.
+    task = [state = at::ThreadLocalState(), task = std::move(task)] {
+      at::ThreadLocalStateGuard callersState(state);
+      task();
+    };
+  }
   issueFor(stream, [cuda = cuda_, device = device_, stream, task = std::move(task)] {
     auto onDevice = cuda->useDevice(device);
     CurrentStreamGuard guard(*cuda, stream);

@@ -17,17 +17,20 @@ namespace streamnccl {
 // done with it); the pool outlives every Event that holds it.
 class CudaEventPool {
  public:
-  CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device);
+  // `timing`: its events can be timed against each other (Event::millisecondsSince).
+  CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device, bool timing);
   ~CudaEventPool();
   CudaEventPool(const CudaEventPool&) = delete;
   CudaEventPool& operator=(const CudaEventPool&) = delete;
 
   cudaEvent_t take();
   void give(cudaEvent_t event);
+  bool timing() const { return timing_; }
 
  private:
   const std::shared_ptr<CudaApi> cuda_;
   const c10::Device device_;
+  const bool timing_;
   std::mutex mutex_;
   std::vector<cudaEvent_t> free_;
 };
@@ -59,6 +62,7 @@ class CudaDevice final : public Device {
   c10::Stream currentStream() override { return cuda_->currentStream(device_); }
   c10::Stream internalStream() override;
   std::unique_ptr<Event> createEvent() override;
+  std::unique_ptr<Event> createTimedEvent() override;
   // Runs the task now, with this device and `stream` current, so that the NCCL calls and ATen
   // kernels it issues are enqueued on `stream` (on a gated internal stream: when it opens).
   void enqueue(c10::Stream stream, std::function<void()> task) override;
@@ -79,6 +83,7 @@ class CudaDevice final : public Device {
   std::once_flag internalCreated_;
   std::optional<c10::Stream> internal_;
   const std::shared_ptr<CudaEventPool> events_;
+  const std::shared_ptr<CudaEventPool> timedEvents_;
   std::shared_ptr<StreamGate> gate_;
 };
 

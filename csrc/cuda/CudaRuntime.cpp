@@ -75,10 +75,10 @@ class CudaRuntime final : public CudaApi {
     return mode;
   }
 
-  cudaEvent_t createEvent() override {
+  cudaEvent_t createEvent(bool timing) override {
     cudaEvent_t event = nullptr;
-    // Timing off: a timing event costs more to record and is not needed to order streams.
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    C10_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
     return event;
   }
   void destroyEvent(cudaEvent_t event) override { C10_CUDA_CHECK_WARN(cudaEventDestroy(event)); }
@@ -96,6 +96,11 @@ class CudaRuntime final : public CudaApi {
     }
     C10_CUDA_CHECK(status);
     return true;
+  }
+  float elapsedMs(cudaEvent_t start, cudaEvent_t end) override {
+    float ms = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+    return ms;
   }
 };
 

@@ -232,13 +232,38 @@ void NcclCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stre
 }
 
 void NcclCommunicator::groupStart() {
-  STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupStart", groupStart(), who_, nullptr);
+  // The outermost group holds the communicator until it ends: abort() waits for it, instead of
+  // freeing the communicator between two of the group's calls.
+  if (groupDepth_++ == 0) {
+    try {
+      connection_->acquire("ncclGroupStart");
+    } catch (...) {
+      --groupDepth_;
+      throw;
+    }
+  }
+  try {
+    STREAMNCCL_NCCL_CHECK(*nccl_, "ncclGroupStart", groupStart(), who_, nullptr);
+  } catch (...) {
+    if (--groupDepth_ == 0) {
+      connection_->release();
+    }
+    throw;
+  }
 }
 
 void NcclCommunicator::groupEnd() {
-  // On a non-blocking communicator the group may still be being issued when this returns.
-  auto use = connection_->use("ncclGroupEnd");
-  use.check("ncclGroupEnd", nccl_->groupEnd());
+  struct Release {
+    NcclCommunicator& self;
+    ~Release() {
+      if (--self.groupDepth_ == 0) {
+        self.connection_->release();
+      }
+    }
+  } release{*this};
+  // Always ends the group (the thread's NCCL state), on the hold groupStart() took; on a
+  // non-blocking communicator the group may still be being issued when it returns.
+  connection_->checkHeld("ncclGroupEnd", nccl_->groupEnd());
 }
 
 int ncclCompiledVersion() { return NCCL_VERSION_CODE; }

@@ -62,6 +62,7 @@ class NcclCommunicator final : public Communicator {
   void groupStart() override;
   void groupEnd() override;
   void waitReady() override { connection_->waitConnected(); }
+  void stopConnecting() override { connection_->abandon(); }
   void abort() override { connection_->abort(); }
   std::string asyncError() override { return connection_->asyncError(); }
 
@@ -75,6 +76,7 @@ class NcclCommunicator final : public Communicator {
   const std::vector<int> members_;
   const int computeCapability_;
   const std::shared_ptr<NcclConnection> connection_;
+  int groupDepth_ = 0;  // touched by the one task issuing on this communicator at a time
 };
 
 // The NCCL version this extension was compiled against and the one loaded at run time.

@@ -42,12 +42,18 @@ NcclConnection::~NcclConnection() {
       connector_.join();
     }
   }
-  if (comm_ != nullptr && !aborted_) {
-    auto onDevice = settings_.cuda->useDevice(settings_.device);
-    const ncclResult_t result = settings_.nccl->commDestroy(comm_);
-    if (result != ncclSuccess) {
-      LOG(WARNING) << who() << " ncclCommDestroy failed: " << nccl().getErrorString(result);
-    }
+  if (comm_ == nullptr || aborted_) {
+    return;
+  }
+  auto onDevice = settings_.cuda->useDevice(settings_.device);
+  // Destroying waits for the communicator's work, which one that never connected may never
+  // finish (its init could be waiting on a peer): abort that one.
+  const bool connected = state_ == State::Connected;
+  const ncclResult_t result =
+      connected ? settings_.nccl->commDestroy(comm_) : settings_.nccl->commAbort(comm_);
+  if (result != ncclSuccess) {
+    LOG(WARNING) << who() << (connected ? " ncclCommDestroy" : " ncclCommAbort")
+                 << " failed: " << nccl().getErrorString(result);
   }
 }
 
@@ -98,6 +104,10 @@ void NcclConnection::connect() {
       result = nccl().commInitRankConfig(&comm, settings_.size, id, settings_.rank, &config);
     }
     if (result != ncclSuccess && result != ncclInProgress) {
+      if (comm != nullptr) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        comm_ = comm;  // aborted at destruction: it never connected
+      }
       throwNcclError(nccl(), result, "ncclCommInitRank", who(), nullptr, __FILE__, __LINE__);
     }
     bool abortedMeanwhile = false;
@@ -116,14 +126,14 @@ void NcclConnection::connect() {
     }
     try {
       result = pollUntilSettled(comm, "ncclCommInitRank", deadline);
+      if (result != ncclSuccess) {  // while still held: ncclGetLastError reads the comm
+        throwNcclError(nccl(), result, "ncclCommInitRank", who(), comm, __FILE__, __LINE__);
+      }
     } catch (...) {
       endUse();
       throw;
     }
     endUse();
-    if (result != ncclSuccess) {
-      throwNcclError(nccl(), result, "ncclCommInitRank", who(), comm, __FILE__, __LINE__);
-    }
     settle(State::Connected, nullptr);
   } catch (...) {
     settle(State::Failed, std::current_exception());
@@ -165,12 +175,21 @@ void NcclConnection::settle(State state, std::exception_ptr failure) {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = state;
     failure_ = std::move(failure);
-    callbacks.swap(whenSettled_);
+    callbacks.swap(whenSettled_);  // later ones run at once (whenSettled)
+  }
+  changed_.notify_all();  // uses may go on: the callbacks' own work needs them
+  for (auto& callback : callbacks) {
+    try {
+      callback();
+    } catch (const std::exception& e) {  // one failing must not strand the others
+      LOG(ERROR) << who() << " work issued once connecting ended failed: " << e.what();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    settled_ = true;
   }
   changed_.notify_all();
-  for (auto& callback : callbacks) {
-    callback();  // must not throw: the deferred work it issues handles its own failures
-  }
 }
 
 void NcclConnection::whenSettled(std::function<void()> callback) {
@@ -186,7 +205,7 @@ void NcclConnection::whenSettled(std::function<void()> callback) {
 
 void NcclConnection::waitConnected() {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return state_ != State::Connecting || aborted_; });
+  changed_.wait(lock, [&] { return settled_ || aborted_; });
   if (aborted_) {
     raise("connecting was aborted");
   }
@@ -196,6 +215,12 @@ void NcclConnection::waitConnected() {
 }
 
 NcclConnection::Use NcclConnection::use(const char* call) {
+  acquire(call);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Use(*this, comm_);
+}
+
+void NcclConnection::acquire(const char* call) {
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return state_ != State::Connecting || aborted_; });
   if (aborted_) {
@@ -205,7 +230,6 @@ NcclConnection::Use NcclConnection::use(const char* call) {
     std::rethrow_exception(failure_);
   }
   ++uses_;
-  return Use(*this, comm_);
 }
 
 void NcclConnection::endUse() {
@@ -219,14 +243,22 @@ void NcclConnection::endUse() {
 NcclConnection::Use::~Use() { connection_.endUse(); }
 
 void NcclConnection::Use::check(const char* call, ncclResult_t result) const {
+  connection_.checkHeld(call, result);
+}
+
+void NcclConnection::checkHeld(const char* call, ncclResult_t result) {
+  ncclComm_t comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm = comm_;  // held: abort() waits before freeing it
+  }
   if (result == ncclInProgress) {
     // A non-blocking communicator is still enqueueing the call: until it is done, nothing
     // else may be issued, nor an event recorded after it.
-    result = connection_.pollUntilSettled(
-        comm_, call, std::chrono::steady_clock::now() + connection_.settings_.timeout);
+    result = pollUntilSettled(comm, call, std::chrono::steady_clock::now() + settings_.timeout);
   }
   if (result != ncclSuccess) {
-    throwNcclError(connection_.nccl(), result, call, connection_.who(), comm_, __FILE__, __LINE__);
+    throwNcclError(nccl(), result, call, who(), comm, __FILE__, __LINE__);
   }
 }
 

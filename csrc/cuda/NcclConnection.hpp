@@ -76,6 +76,12 @@ class NcclConnection {
   };
   // Waits until connected, then holds the communicator for one call (see above).
   Use use(const char* call);
+  // The same hold, taken and given back by hand: across an NCCL group, whose calls NCCL keeps
+  // on the calling thread until ncclGroupEnd, so that abort() waits for the group to end.
+  void acquire(const char* call);
+  void release() { endUse(); }
+  // As Use::check, for a caller that holds the communicator through acquire().
+  void checkHeld(const char* call, ncclResult_t result);
 
   // Aborts the communicator (or the connecting) for good; returns without waiting for peers.
   void abort();
@@ -89,6 +95,8 @@ class NcclConnection {
   NcclApi& nccl() const { return *settings_.nccl; }
 
  private:
+  // Connecting until the connector settles it; settled_ once the callbacks run then are done
+  // (a lane's gate is open by then).
   enum class State { Connecting, Connected, Failed };
 
   explicit NcclConnection(Settings settings) : settings_(std::move(settings)) {}
@@ -105,6 +113,7 @@ class NcclConnection {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   State state_ = State::Connecting;
+  bool settled_ = false;
   std::exception_ptr failure_;
   bool aborted_ = false;
   ncclComm_t comm_ = nullptr;

@@ -104,14 +104,24 @@ StreamId FakeGpu::createStream(bool highPriority) {
 void FakeGpu::destroyStream(StreamId id) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   log_.add("cudaStreamDestroy(" + name(id) + ")");
+  checkAlive(id, "cudaStreamDestroy");
+  destroyed_.insert(id);
 }
 
-EventId FakeGpu::createEvent() {
+void FakeGpu::checkAlive(StreamId id, const std::string& call) {
+  if (destroyed_.count(id) > 0) {
+    log_.violation(call + " on " + name(id) + " after cudaStreamDestroy freed it");
+  }
+}
+
+EventId FakeGpu::createEvent(bool timing) {
   bindDevice();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   const EventId id = ++eventsMade_;
   events_[id].device = currentDeviceOfThread;
-  log_.add("cudaEventCreate() -> E" + std::to_string(id));
+  events_[id].timing = timing;
+  log_.add(std::string(timing ? "cudaEventCreate(timing)" : "cudaEventCreate()") + " -> E" +
+           std::to_string(id));
   return id;
 }
 
@@ -122,6 +132,7 @@ void FakeGpu::recordEvent(EventId id, StreamId streamId) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   const std::string call = "cudaEventRecord(E" + std::to_string(id) + ", " + name(streamId) + ")";
   log_.add(call);
+  checkAlive(streamId, call);
   Stream& recordedOn = stream(streamId);
   Event& event = events_[id];
   if (recordedOn.device != currentDeviceOfThread) {
@@ -152,6 +163,7 @@ void FakeGpu::streamWaitEvent(StreamId streamId, EventId id) {
   const std::string call =
       "cudaStreamWaitEvent(" + name(streamId) + ", E" + std::to_string(id) + ")";
   log_.add(call);
+  checkAlive(streamId, call);
   Stream& waiting = stream(streamId);
   if (waiting.device != currentDeviceOfThread) {
     log_.violation(call + ": " + name(streamId) + " is on " + deviceName(waiting.device) +
@@ -201,6 +213,31 @@ bool FakeGpu::queryEvent(EventId id) {
   return true;
 }
 
+float FakeGpu::elapsedMs(EventId startId, EventId endId) {
+  bindDevice();
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const std::string call =
+      "cudaEventElapsedTime(E" + std::to_string(startId) + ", E" + std::to_string(endId) + ")";
+  log_.add(call);
+  const Event& start = events_[startId];
+  const Event& end = events_[endId];
+  TORCH_CHECK(start.timing && end.timing, "CUDA error: invalid resource handle ",
+              "(cudaErrorInvalidResourceHandle): ", call, " of an event made without timing");
+  TORCH_CHECK(start.stream && end.stream, "CUDA error: invalid resource handle ",
+              "(cudaErrorInvalidResourceHandle): ", call, " of an event never recorded");
+  TORCH_CHECK(!start.captured && !end.captured, "CUDA error: operation not permitted on an ",
+              "event last recorded in a capturing stream (cudaErrorCapturedEvent): ", call);
+  if (start.device != currentDeviceOfThread || end.device != currentDeviceOfThread) {
+    log_.violation(call + " on a thread whose current device is " +
+                   deviceName(currentDeviceOfThread));
+  }
+  const bool passed =
+      stream(*start.stream).ran >= start.position && stream(*end.stream).ran >= end.position;
+  TORCH_CHECK(passed, "CUDA error: device not ready (cudaErrorNotReady): ", call);
+  return 0.001f *
+         static_cast<float>(end.position > start.position ? end.position - start.position : 0);
+}
+
 void FakeGpu::checkUnsafeCall(const char* call) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!capture_) {
@@ -242,6 +279,7 @@ Buffer FakeGpu::buffer(const void* pointer, const char* role) const {
 void FakeGpu::enqueueKernel(StreamId streamId, const std::string& name, const std::string& comm,
                             std::vector<Buffer> buffers) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  checkAlive(streamId, name);
   for (const Buffer& buffer : buffers) {
     if (buffer.atCall.tracked && !buffer.atCall.live) {
       log_.violation(name + " was handed a " + buffer.role + " buffer that had been freed");

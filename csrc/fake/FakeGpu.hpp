@@ -77,12 +77,16 @@ class FakeGpu {
   // --- streams and events
   StreamId createStream(bool highPriority);
   void destroyStream(StreamId stream);
-  EventId createEvent();
+  // `timing`: made without cudaEventDisableTiming, so that elapsedMs() can time it.
+  EventId createEvent(bool timing);
   void destroyEvent(EventId event);
   void recordEvent(EventId event, StreamId stream);
   void streamWaitEvent(StreamId stream, EventId event);
   // cudaEventQuery: throws where the runtime would fail it.
   bool queryEvent(EventId event);
+  // cudaEventElapsedTime: throws where the runtime would fail it (an event without timing,
+  // one not recorded or not yet passed, one of a capture). Fake time: 1 us per stream item.
+  float elapsedMs(EventId start, EventId end);
   bool isCapturing(StreamId stream) const;
 
   // --- NCCL kernels
@@ -131,6 +135,7 @@ class FakeGpu {
     uint64_t position = 0;
     bool captured = false;
     uint64_t capturedKernels = 0;  // kernels on its stream when recorded in the capture
+    bool timing = false;
   };
   struct Capture {
     StreamId origin = 0;
@@ -142,6 +147,8 @@ class FakeGpu {
   };
 
   Stream& stream(StreamId id);
+  // A call naming a stream destroyed already: a use after free of the stream.
+  void checkAlive(StreamId id, const std::string& call);
   std::string name(StreamId id) const { return "S" + std::to_string(id); }
   void runUpTo(StreamId stream, uint64_t position);
   void runKernel(StreamId stream, const Item& kernel, const char* until);
@@ -162,6 +169,7 @@ class FakeGpu {
   std::optional<Capture> capture_;
   std::set<int> contexts_;
   std::map<StreamId, std::string> enqueueInProgress_;
+  std::set<StreamId> destroyed_;
 };
 
 }  // namespace streamnccl::fake

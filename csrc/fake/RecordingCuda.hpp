@@ -41,7 +41,9 @@ class RecordingCuda final : public CudaApi {
     return FakeGpu::exchangeCaptureMode(mode);
   }
 
-  cudaEvent_t createEvent() override { return handle<cudaEvent_t>(gpu_->createEvent()); }
+  cudaEvent_t createEvent(bool timing) override {
+    return handle<cudaEvent_t>(gpu_->createEvent(timing));
+  }
   void destroyEvent(cudaEvent_t event) override { gpu_->destroyEvent(number(event)); }
   void recordEvent(cudaEvent_t event, c10::Stream stream) override {
     gpu_->recordEvent(number(event), stream.id());
@@ -50,6 +52,9 @@ class RecordingCuda final : public CudaApi {
     gpu_->streamWaitEvent(stream.id(), number(event));
   }
   bool queryEvent(cudaEvent_t event) override { return gpu_->queryEvent(number(event)); }
+  float elapsedMs(cudaEvent_t start, cudaEvent_t end) override {
+    return gpu_->elapsedMs(number(start), number(end));
+  }
 
  private:
   const std::shared_ptr<FakeGpu> gpu_;

@@ -108,6 +108,8 @@ std::string scalarText(const void* scalar, ncclDataType_t type, ncclScalarReside
 
 }  // namespace
 
+int RecordingNccl::groupDepthOfThread() { return groupDepth; }
+
 ncclResult_t RecordingNccl::outcome(const char* function) {
   if (!gpu_->log().takeFailure(function)) {
     return ncclSuccess;

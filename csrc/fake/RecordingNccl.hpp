@@ -66,6 +66,9 @@ class RecordingNccl final : public NcclApi {
                                     ncclScalarResidence_t residence, ncclComm_t comm) override;
   ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) override;
 
+  // How deep the calling thread is in NCCL groups (0: none open).
+  static int groupDepthOfThread();
+
  private:
   struct Kernel {
     StreamId stream = 0;

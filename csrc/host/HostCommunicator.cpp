@@ -3,10 +3,20 @@
 #include "core/Errors.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 namespace streamnccl {
+
 namespace {
+
+// Gloo names each of its ops in a profile ("gloo:all_reduce"), beside the op's own
+// record_param_comms range: the op is streamnccl's, and shows once.
+template <typename Call>
+auto unobserved(Call call) {
+  at::DisableRecordFunctionGuard notRecorded;
+  return call();
+}
 
 c10d::ReduceOp toGloo(ReduceKind kind) {
   switch (kind) {
@@ -51,7 +61,7 @@ void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& outp
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
-  complete(gloo_->allreduce(tensors, opts));
+  complete(unobserved([&] { return gloo_->allreduce(tensors, opts); }));
 }
 
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
@@ -60,7 +70,7 @@ void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& outp
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  complete(gloo_->broadcast(tensors, opts));
+  complete(unobserved([&] { return gloo_->broadcast(tensors, opts); }));
 }
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
@@ -69,7 +79,7 @@ void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& outp
   // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
-  complete(gloo_->_allgather_base(out, in));
+  complete(unobserved([&] { return gloo_->_allgather_base(out, in); }));
 }
 
 void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
@@ -81,7 +91,7 @@ void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
   c10d::ReduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
-  complete(gloo_->reduce(tensors, opts));
+  complete(unobserved([&] { return gloo_->reduce(tensors, opts); }));
 }
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
@@ -91,7 +101,7 @@ void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
   at::Tensor out = output.view(-1);
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = toGloo(op.kind);
-  complete(gloo_->_reduce_scatter_base(out, in, opts));
+  complete(unobserved([&] { return gloo_->_reduce_scatter_base(out, in, opts); }));
 }
 
 // User tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks
@@ -100,20 +110,20 @@ void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
 void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
   refuseIfAborted();
   std::vector<at::Tensor> tensors{input};
-  complete(gloo_->send(tensors, peer, tag_));
+  complete(unobserved([&] { return gloo_->send(tensors, peer, tag_); }));
 }
 
 void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
   refuseIfAborted();
   std::vector<at::Tensor> tensors{output};
-  complete(gloo_->recv(tensors, peer, tag_));
+  complete(unobserved([&] { return gloo_->recv(tensors, peer, tag_); }));
 }
 
 int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*stream*/) {
   refuseIfAborted();
   TORCH_INTERNAL_ASSERT(groupDepth_ == 0, "streamnccl: a recv from any source inside a group");
   std::vector<at::Tensor> tensors{output};
-  auto work = gloo_->recvAnysource(tensors, tag_);
+  auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
   work->wait();
   return work->sourceRank();
 }

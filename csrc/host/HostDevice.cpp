@@ -36,6 +36,21 @@ class HostEvent final : public Event {
     return signal_->waitFor(timeout);
   }
 
+  // Wall time on the worker between the two points: every host event keeps its time.
+  std::optional<double> millisecondsSince(Event& start) override {
+    auto* from = dynamic_cast<HostEvent*>(&start);
+    TORCH_INTERNAL_ASSERT(from, "streamnccl: a host event is timed against another kind");
+    if (!signal_ || !from->signal_) {
+      return std::nullopt;
+    }
+    const auto to = signal_->doneTime();
+    const auto began = from->signal_->doneTime();
+    if (!to || !began) {
+      return std::nullopt;
+    }
+    return std::chrono::duration<double, std::milli>(*to - *began).count();
+  }
+
  private:
   HostDevice& device_;
   std::shared_ptr<Signal> signal_;
@@ -44,6 +59,8 @@ class HostEvent final : public Event {
 }  // namespace
 
 std::unique_ptr<Event> HostDevice::createEvent() { return std::make_unique<HostEvent>(*this); }
+
+std::unique_ptr<Event> HostDevice::createTimedEvent() { return createEvent(); }
 
 void HostDevice::enqueue(c10::Stream stream, std::function<void()> task) {
   if (stream.id() == kCallerStream) {

@@ -17,6 +17,7 @@ class HostDevice final : public Device {
   c10::Stream currentStream() override { return stream(kCallerStream); }
   c10::Stream internalStream() override { return stream(kWorkerStream); }
   std::unique_ptr<Event> createEvent() override;
+  std::unique_ptr<Event> createTimedEvent() override;
   void enqueue(c10::Stream stream, std::function<void()> task) override;
 
  private:

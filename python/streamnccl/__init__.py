@@ -7,6 +7,8 @@ Importing this package registers the backend ``"streamnccl"`` for cpu and cuda t
 """
 
 import atexit
+import os
+import pickle
 from datetime import timedelta
 
 import torch
@@ -15,7 +17,15 @@ import torch.distributed as dist
 from . import _C
 from ._C import Options, ProcessGroup
 
-__all__ = ["Options", "ProcessGroup", "info"]
+__all__ = [
+    "Options",
+    "ProcessGroup",
+    "dump_flight_recorder",
+    "flight_recorder",
+    "info",
+    "reset_stats",
+    "stats",
+]
 __version__ = _C._build_info()["version"]
 
 # Gloo carries the host path; its keys live under the group's store prefix, apart from ours.
@@ -52,7 +62,58 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     gloo = dist.ProcessGroupGloo(dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, timeout)
-    return ProcessGroup(store, rank, size, timeout, pg_options, gloo)
+    group = ProcessGroup(store, rank, size, timeout, pg_options, gloo)
+    global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
+    if len(global_ranks) == size:
+        group._set_global_ranks(global_ranks)
+    return group
+
+
+def dump_flight_recorder(path: str | os.PathLike | None = None) -> bytes:
+    """This process's flight recorder: the latest ops of every streamnccl group and their states.
+
+    The bytes are a pickle in the format of torch's own flight recorder (ProcessGroupNCCL's), so
+    torch's analyzer reads a folder of them, one per rank named ``<prefix><global rank>``:
+    ``python -m torch.distributed.flight_recorder.fr_trace FOLDER``. With ``path``, they are also
+    written there. A group that breaks writes the same to
+    ``<dump_dir>/streamnccl_trace_rank_<global rank>`` by itself.
+    """
+    dump = _C._dump_flight_recorder()
+    if path is not None:
+        with open(path, "wb") as file:
+            file.write(dump)
+    return dump
+
+
+def flight_recorder() -> dict:
+    """The flight recorder as a dict (see dump_flight_recorder); json.dumps writes it as JSON."""
+    return pickle.loads(_C._dump_flight_recorder())
+
+
+def _backend_of(group) -> ProcessGroup:
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = group._get_backend(torch.device("cpu"))
+    if not isinstance(backend, ProcessGroup):
+        raise ValueError(
+            f"streamnccl: the group's backend is {type(backend).__name__}, not streamnccl"
+        )
+    return backend
+
+
+def stats(group=None) -> dict:
+    """Per op kind of ``group`` (default: the default group) since the last reset_stats().
+
+    Each kind ("all_reduce", "broadcast", ...) maps to ``count``, ``bytes`` (each op counts the
+    larger of its input and output on this rank, as nccl-tests sizes a message), ``failures`` and
+    ``in_flight``; with timing on (``Options(enable_timing=True)`` or STREAMNCCL_ENABLE_TIMING=1)
+    also ``timed``, ``total_ms``, ``mean_ms``, and ``p50_ms`` and ``p99_ms`` over the latest 4096.
+    """
+    return _backend_of(group)._stats()
+
+
+def reset_stats(group=None) -> None:
+    """Starts the counts of stats() afresh (ops still in flight stay counted as such)."""
+    _backend_of(group)._reset_stats()
 
 
 # Groups still alive at exit (a model holding one, say) have their watchdogs stopped first:

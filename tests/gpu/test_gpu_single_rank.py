@@ -6,6 +6,7 @@ such checks. Every check here would fail on one: outputs start as garbage and mu
 from the inputs, PREMUL_SUM multiplies even alone, values differ per call, and wait() is
 called from another stream than the launch's. Skipped with a reason without a GPU."""
 
+import json
 import time
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ import pytest
 import streamnccl
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device: the NCCL path is compiled, not run"
@@ -252,3 +254,24 @@ def test_info_reports_the_nccl_torch_loads():
     info = streamnccl.info()
     assert "nccl" in info["paths"]
     assert info["nccl_loaded"] == ".".join(str(v) for v in torch.cuda.nccl.version())
+
+
+def test_timing_profiler_and_stats_on_the_gpu(group, tmp_path):
+    group(STREAMNCCL_ENABLE_TIMING="1")
+    x = values(1, 1 << 20)
+    busy = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.current_stream().synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        busy @ busy  # the caller's stream is busy: the timed span must still be the op's own
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        torch.cuda.synchronize()
+    assert work.is_completed() and work._get_duration() > 0
+    path = str(tmp_path / "trace.json")
+    prof.export_chrome_trace(path)
+    events = json.load(open(path))["traceEvents"]
+    comms = [e for e in events if e.get("name") == "record_param_comms"]
+    assert [e["args"]["Collective name"] for e in comms] == ["allreduce"], comms
+    kernels = [e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()]
+    assert kernels, "no NCCL kernel in the trace"
+    assert streamnccl.stats()["all_reduce"]["timed"] >= 1
