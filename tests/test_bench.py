@@ -15,7 +15,7 @@ from streamnccl.bench import cli, report
 from streamnccl.bench.check import count_wrong
 from streamnccl.bench.cli import UsageError, parse_args, parse_size, settle, sweep_sizes
 from streamnccl.bench.collectives import COLLECTIVES
-from streamnccl.bench.sweep import Result, bandwidths
+from streamnccl.bench.sweep import Result, bandwidths, rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 K, M, G = 1 << 10, 1 << 20, 1 << 30
@@ -42,6 +42,13 @@ def test_sweep_multiplies_from_min_up_to_max_included():
     assert sweep_sizes(K, 4 * M, 4) == [K, 4 * K, 16 * K, 64 * K, 256 * K, M, 4 * M]
     assert sweep_sizes(1000, 5000, 2) == [1000, 2000, 4000]  # never past -e
     assert sweep_sizes(8 * M, 8 * M, 2) == [8 * M]
+
+
+def test_timed_iterations_split_into_rounds_as_even_as_can_be():
+    assert rounds(20, 1) == [20]
+    assert rounds(20, 4) == [5, 5, 5, 5]
+    assert rounds(10, 4) == [3, 3, 2, 2]
+    assert rounds(2, 5) == [1, 1]  # never an empty round
 
 
 @pytest.mark.parametrize("minimum, maximum, factor", [(4 * K, K, 2), (K, M, 1), (K, M, 0)])
@@ -302,9 +309,10 @@ def test_two_rank_cpu_run_prints_both_backends_and_writes_json_and_plot(tmp_path
 
 
 def test_every_op_gives_right_results_on_both_backends(tmp_path):
-    done = run_bench("-b", "1K", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "-c",
-                     "--json", "r.json", nproc=2, timeout_s=120, cwd=tmp_path)  # fmt: skip
+    done = run_bench("-b", "1K", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--rounds", "2",
+                     "-c", "--json", "r.json", nproc=2, timeout_s=120, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 iters in 2 rounds after 1 warm-up" in done.stdout
     results = json.loads((tmp_path / "r.json").read_text())["results"]
     measured = {(r["op"], r["backend"], r["bytes"]): r["wrong"] for r in results}
     assert measured == {

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("-n", "--iters", type=_positive, default=20, help="timed iterations (default 20)")
     add("-w", "--warmup-iters", type=_non_negative, default=5,
         help="untimed iterations before each timed loop (default 5)")  # fmt: skip
+    add("--rounds", type=_positive, default=1,
+        help="split the -n timed iterations into this many rounds, the backends taking turns"
+        " between rounds: smooths out a noisy machine (default 1)")  # fmt: skip
     add("--dtype", "-d", type=_dtype_name, default="float32", help="element type (float32)")
     add("--redop", "-o", choices=list(REDOPS), default="sum", help="reduction (sum)")
     add("--async", dest="async_op", action="store_true",

@@ -132,8 +132,9 @@ def table(results, backends: list[str], *, world_size, device, args) -> str:
     mode = "async_op=True + wait()" if args.async_op else "sync"
     lines = [
         f"# streamnccl.bench: {' vs '.join(backends)}, {ranks(world_size)}, {device.type}"
-        f" ({_device_name(device)}), {args.dtype}, {mode}, {args.iters} iters after"
-        f" {args.warmup_iters} warm-up",
+        f" ({_device_name(device)}), {args.dtype}, {mode}, {args.iters} iters"
+        f"{f' in {args.rounds} rounds' if args.rounds > 1 else ''} after {args.warmup_iters}"
+        " warm-up",
         f"# time: {TIME_MEANS}",
     ]
     if baseline:
@@ -148,7 +149,7 @@ def table(results, backends: list[str], *, world_size, device, args) -> str:
         )
         lines.append(f"# {op} avg busbw (GB/s): {averages}")
         if baseline:
-            ends = [(op_rows[0], "smallest"), (op_rows[-1], "largest")]
+            ends = [(op_rows[0], "smallest"), (op_rows[-1], "largest")][: len(op_rows)]
             lines.append(
                 f"# {op} time ratio: "
                 + ", ".join(

@@ -2,9 +2,11 @@
 
 Both backends live in one process, each in a group of its own over every rank, made the same
 way (`new_group(backend=...)`); the default group is a gloo group that only lines ranks up and
-gathers numbers (`control`), so neither measured backend does the bookkeeping. For each size
-the two backends run back to back, the first of them alternating from size to size, so noise
-on the machine falls on both and neither always runs on a warmer cache.
+gathers numbers (`control`), so neither measured backend does the bookkeeping. At each size
+the backends take turns: the timed iterations run in --rounds rounds (default 1), each round
+timing every backend, the order reversed from round to round and the first backend
+alternating from size to size, so noise on the machine falls on both and neither always
+runs on a warmer cache.
 """
 
 import os
@@ -17,7 +19,7 @@ from tqdm import tqdm
 from .check import count_wrong
 from .cli import DTYPES, REDOPS, UsageError
 from .collectives import COLLECTIVES
-from .timing import measure, run_once, synchronize
+from .timing import measure, run_once, synchronize, warm_up
 
 MEASURED = "streamnccl"
 
@@ -88,34 +90,62 @@ def _check(collective, buffers, group, redop, async_op, count, device, control, 
     return int(total.item())
 
 
-def _one(args, collective, nbytes, backend, group, device, control) -> Result:
+def rounds(iters: int, count: int) -> list[int]:
+    """`iters` timed iterations split into `count` rounds as even as can be (none empty)."""
+    count = min(count, iters)
+    return [iters // count + (1 if i < iters % count else 0) for i in range(count)]
+
+
+def _one_size(args, collective, nbytes, groups, device, control, turn) -> list[Result]:
+    """Both backends at one size: each checked and warmed up, then timed in rounds whose
+    order alternates, starting with the backend `turn` picks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dtype, redop = DTYPES[args.dtype], REDOPS[args.redop]
     count = collective.count(nbytes, dtype.itemsize, world_size)
-    buffers = collective.buffers(count, rank, world_size, dtype, device, redop)
-    wrong = None
-    if args.check:
-        corrupt = args.test_corrupt_result and backend == MEASURED and rank == 0
-        wrong = _check(collective, buffers, group, redop, args.async_op, count, device,
-                       control, corrupt)  # fmt: skip
-    timing = measure(collective, buffers, group, redop, args.async_op, iters=args.iters,
-                     warmup=args.warmup_iters, device=device, control=control)  # fmt: skip
+    buffers, wrong = {}, {}
+    for backend, group in groups.items():
+        buffers[backend] = collective.buffers(count, rank, world_size, dtype, device, redop)
+        wrong[backend] = None
+        if args.check:
+            corrupt = args.test_corrupt_result and backend == MEASURED and rank == 0
+            wrong[backend] = _check(collective, buffers[backend], group, redop, args.async_op,
+                                    count, device, control, corrupt)  # fmt: skip
+        warm_up(collective, buffers[backend], group, redop, args.async_op, args.warmup_iters,
+                device)  # fmt: skip
+    order = list(groups)
+    if turn % 2:
+        order.reverse()
+    time_us = dict.fromkeys(groups, 0.0)
+    launch_us = dict.fromkeys(groups, 0.0)
+    for iters in rounds(args.iters, args.rounds):
+        for backend in order:
+            group = groups[backend]
+            timing = measure(collective, buffers[backend], group, redop, args.async_op,
+                             iters=iters, device=device, control=control)  # fmt: skip
+            time_us[backend] += timing.time_us * iters / args.iters
+            launch_us[backend] += timing.launch_us * iters / args.iters
+        order.reverse()
     moved = count * dtype.itemsize
-    algbw, busbw = bandwidths(moved, timing.time_us, collective.bus_factor(world_size))
-    return Result(
-        backend=backend,
-        op=collective.name,
-        bytes=moved,
-        count=count,
-        dtype=args.dtype,
-        redop=args.redop if collective.reduces else "none",
-        root=collective.root,
-        time_us=timing.time_us,
-        launch_us=timing.launch_us,
-        algbw_gbps=algbw,
-        busbw_gbps=busbw,
-        wrong=wrong,
-    )
+    results = []
+    for backend in groups:
+        algbw, busbw = bandwidths(moved, time_us[backend], collective.bus_factor(world_size))
+        results.append(
+            Result(
+                backend=backend,
+                op=collective.name,
+                bytes=moved,
+                count=count,
+                dtype=args.dtype,
+                redop=args.redop if collective.reduces else "none",
+                root=collective.root,
+                time_us=time_us[backend],
+                launch_us=launch_us[backend],
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+                wrong=wrong[backend],
+            )
+        )
+    return results
 
 
 def run(args, groups: dict, device: torch.device, control) -> tuple[list[Result], list[str]]:
@@ -129,22 +159,15 @@ def run(args, groups: dict, device: torch.device, control) -> tuple[list[Result]
         if world_size < c.min_world_size
     ]
     collectives = [c for c in collectives if world_size >= c.min_world_size]
-    backends = list(groups)
     results = []
-    steps = len(collectives) * len(args.sizes) * len(backends)
+    steps = len(collectives) * len(args.sizes)
     # disable=None: a bar on a terminal only, not in logs.
-    with tqdm(total=steps, disable=True if dist.get_rank() else None, unit="run") as bar:
+    with tqdm(total=steps, disable=True if dist.get_rank() else None, unit="size") as bar:
         turn = 0
         for collective in collectives:
             for nbytes in args.sizes:
-                order = backends if turn % 2 == 0 else backends[::-1]
+                bar.set_description(f"{collective.name} {nbytes} B")
+                results += _one_size(args, collective, nbytes, groups, device, control, turn)
                 turn += 1
-                for backend in order:
-                    bar.set_description(f"{collective.name} {nbytes} B {backend}")
-                    results.append(
-                        _one(args, collective, nbytes, backend, groups[backend], device, control)
-                    )
-                    bar.update()
-    # Rows in a steady order, whichever backend ran first.
-    results.sort(key=lambda r: (args.ops.index(r.op), r.bytes, backends.index(r.backend)))
+                bar.update()
     return results, notes

@@ -1,4 +1,4 @@
-"""The timed loop: warm up, line the ranks up, time `iters` ops back to back.
+"""The timed loop: line the ranks up, time `iters` ops back to back.
 
 Times are host wall-clock, as nccl-tests takes them: the loop issues every op, then waits for
 the device. On CUDA the time to the end of issuing, over the number of ops, is the host launch
@@ -31,12 +31,15 @@ def run_once(collective, buffers, group, redop, async_op: bool) -> None:
         work.wait()
 
 
-def measure(collective, buffers, group, redop, async_op, *, iters, warmup, device, control):
-    """Times `collective` on `group`; `control` (a gloo group) lines the ranks up and takes
-    the MAX over ranks, so neither backend under test carries the bookkeeping."""
-    for _ in range(warmup):
+def warm_up(collective, buffers, group, redop, async_op: bool, iters: int, device) -> None:
+    for _ in range(iters):
         run_once(collective, buffers, group, redop, async_op)
     synchronize(device)
+
+
+def measure(collective, buffers, group, redop, async_op, *, iters, device, control) -> Timing:
+    """Times `iters` runs of `collective` on `group`; `control` (a gloo group) lines the
+    ranks up and takes the MAX over ranks, so neither backend under test does bookkeeping."""
     dist.barrier(group=control)
     start = time.perf_counter()
     for _ in range(iters):
