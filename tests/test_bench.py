@@ -208,7 +208,7 @@ def test_inputs_tell_ranks_and_positions_apart():
 def result(backend, time_us, nbytes=4 * K, wrong=0):
     algbw, busbw = bandwidths(nbytes, time_us, 1.0)
     return Result(backend, "all_reduce", nbytes, nbytes // 4, "float32", "sum", -1, time_us,
-                  time_us, algbw, busbw, wrong)  # fmt: skip
+                  time_us, algbw, busbw, wrong, [time_us])  # fmt: skip
 
 
 def test_table_puts_the_backends_side_by_side_with_the_time_ratio():
@@ -314,6 +314,9 @@ def test_every_op_gives_right_results_on_both_backends(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 iters in 2 rounds after 1 warm-up" in done.stdout
     results = json.loads((tmp_path / "r.json").read_text())["results"]
+    for r in results:
+        assert len(r["round_times_us"]) == 2
+        assert r["time_us"] == pytest.approx(sum(r["round_times_us"]) / 2)
     measured = {(r["op"], r["backend"], r["bytes"]): r["wrong"] for r in results}
     assert measured == {
         (op, backend, nbytes): 0

@@ -103,7 +103,7 @@ class _Columns:
             if self.with_ratio:
                 cells.append(f"{('ratio', '(time)')[row]:>7}")
             line = " ".join(cells)
-            lines.append("#" + line[1:])
+            lines.append(("#" + line[1:]).rstrip())
         return lines
 
     def row(self, by_backend: dict, baseline: str) -> str:
@@ -144,7 +144,7 @@ def table(results, backends: list[str], *, world_size, device, args) -> str:
         op_rows = [by for (name, _), by in rows.items() if name == op]
         lines += [columns.row(by, baseline) for by in op_rows]
         averages = ", ".join(
-            f"{name} {sum(by[name].busbw_gbps for by in op_rows) / len(op_rows):.3f}"
+            f"{name} {_gbps(sum(by[name].busbw_gbps for by in op_rows) / len(op_rows))}"
             for name in backends
         )
         lines.append(f"# {op} avg busbw (GB/s): {averages}")

@@ -38,6 +38,7 @@ class Result:
     algbw_gbps: float
     busbw_gbps: float
     wrong: int | None  # None when not checked
+    round_times_us: list[float]  # time_us of each of the --rounds rounds: the noise
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -117,6 +118,7 @@ def _one_size(args, collective, nbytes, groups, device, control, turn) -> list[R
         order.reverse()
     time_us = dict.fromkeys(groups, 0.0)
     launch_us = dict.fromkeys(groups, 0.0)
+    round_times_us = {backend: [] for backend in groups}
     for iters in rounds(args.iters, args.rounds):
         for backend in order:
             group = groups[backend]
@@ -124,6 +126,7 @@ def _one_size(args, collective, nbytes, groups, device, control, turn) -> list[R
                              iters=iters, device=device, control=control)  # fmt: skip
             time_us[backend] += timing.time_us * iters / args.iters
             launch_us[backend] += timing.launch_us * iters / args.iters
+            round_times_us[backend].append(timing.time_us)
         order.reverse()
     moved = count * dtype.itemsize
     results = []
@@ -143,6 +146,7 @@ def _one_size(args, collective, nbytes, groups, device, control, turn) -> list[R
                 algbw_gbps=algbw,
                 busbw_gbps=busbw,
                 wrong=wrong[backend],
+                round_times_us=round_times_us[backend],
             )
         )
     return results
