@@ -19,7 +19,7 @@ def pattern(rank: int, start: int, length: int, redop, device) -> torch.Tensor:
     if redop == dist.ReduceOp.PRODUCT:
         # 1s and 2s: a product over n ranks is at most 2**n, still exact.
         return torch.remainder(position + rank, 2) + 1
-    # 1..13; 5 and 13 are coprime, so ranks up to 13 apart differ at every position.
+    # 1..13; 5 and 13 are coprime, so ranks fewer than 13 apart differ at every position.
     return torch.remainder(3 * position + 5 * rank, 13) + 1
 
 
