@@ -161,14 +161,20 @@ def by_hand(op, inputs, rank, redop):
     raise AssertionError(op)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
-@pytest.mark.parametrize("redop", list(REDUCTIONS), ids=lambda r: str(r).split(".")[-1])
+# Integer AVG is left out: the bench refuses it (see cli.settle).
+CHECKED_CASES = [
+    pytest.param(redop, dtype, id=f"{str(redop).split('.')[-1]}-{str(dtype).split('.')[-1]}")
+    for redop in REDUCTIONS
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64)
+    if dtype.is_floating_point or redop != dist.ReduceOp.AVG
+]
+
+
+@pytest.mark.parametrize("redop, dtype", CHECKED_CASES)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_expected_results_match_each_op_done_by_hand_and_one_wrong_element_is_counted(
     world_size, redop, dtype
 ):
-    if redop == dist.ReduceOp.AVG and not dtype.is_floating_point:
-        pytest.skip("integer avg is refused by the bench")
     for name, collective in COLLECTIVES.items():
         if world_size < collective.min_world_size:
             continue
