@@ -4,7 +4,8 @@
 #   - torch 2.11.0 from PyPI, whose Linux wheel is the CUDA 13.0 build and brings NCCL;
 #   - the build tools ninja, wheel and setuptools;
 #   - streamnccl itself, editable, with its dependencies (numpy: torch's object collectives
-#     need it) and the test extra (pytest, ruff, expecttest), from pyproject.toml.
+#     need it; tqdm: the bench's progress bar), the test extra (pytest, ruff, expecttest) and
+#     the plot extra (matplotlib, for `python -m streamnccl.bench --plot`), from pyproject.toml.
 # Safe to run again: installed packages are kept and only what changed is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,5 +16,5 @@ pip_install() {
 }
 pip_install "torch==2.11.0" ninja wheel "setuptools>=64"
 # No build isolation: an isolated build would fetch a second torch to compile against.
-MAX_JOBS="${MAX_JOBS:-2}" pip_install --no-build-isolation -e ".[test]"
+MAX_JOBS="${MAX_JOBS:-2}" pip_install --no-build-isolation -e ".[test,plot]"
 "$PYTHON" -m streamnccl
