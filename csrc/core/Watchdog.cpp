@@ -2,6 +2,8 @@
 
 #include "core/Errors.hpp"
 
+#include <c10/util/thread_name.h>
+
 #include <algorithm>
 
 namespace streamnccl {
@@ -16,7 +18,10 @@ std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
                                           std::function<OpInfo()> describeGroup) {
   std::shared_ptr<Watchdog> watchdog(
       new Watchdog(std::move(health), std::move(stats), std::move(describeGroup)));
-  watchdog->thread_ = std::thread([raw = watchdog.get()] { raw->loop(); });  // joined by stop()
+  watchdog->thread_ = std::thread([raw = watchdog.get()] {  // joined by stop()
+    c10::setThreadName("streamnccl-wdog");
+    raw->loop();
+  });
   return watchdog;
 }
 

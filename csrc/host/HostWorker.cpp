@@ -1,8 +1,14 @@
 #include "host/HostWorker.hpp"
 
+#include <c10/util/thread_name.h>
+
 namespace streamnccl {
 
-HostWorker::HostWorker() : thread_([this] { loop(); }) {}
+HostWorker::HostWorker()
+    : thread_([this] {
+        c10::setThreadName("streamnccl-host");  // what py-spy, gdb and top show
+        loop();
+      }) {}
 
 HostWorker::~HostWorker() {
   {
@@ -51,12 +57,17 @@ void HostWorker::runInOrder(const std::function<void()>& task) {
     }
   }
   task();
+  bool waiting = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
+    waiting = !tasks_.empty() || stopping_;
   }
-  // Tasks enqueued while the caller ran this one are waiting for the worker.
-  wake_.notify_one();
+  // Tasks enqueued while the caller ran this one (or a stop) wait for the worker. Waking it
+  // for nothing would cost every sync op a context switch of the idle worker.
+  if (waiting) {
+    wake_.notify_one();
+  }
 }
 
 void HostWorker::loop() {
