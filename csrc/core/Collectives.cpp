@@ -12,6 +12,30 @@
 #include <tuple>
 
 namespace streamnccl {
+namespace {
+
+// The issue step of both reduce_scatter forms, once `whole` (every rank's block, on this rank)
+// is made: its premultiplied copy and the output computed in stay in `scratch` (0 and 1)
+// until the task ends, as NCCL reads them at the group's end.
+void issueReduceScatter(Communicator& comm, c10::Stream stream, const at::Tensor& whole,
+                        const at::Tensor& output, const lowering::Reduction& reduction,
+                        const lowering::Scratch& scratch) {
+  auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
+  in = lowering::premultiplied(whole, reduction);
+  result = lowering::contiguous(output);
+  comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(result),
+                     reduction.communicatorOp(), stream);
+}
+
+// Their finish step: the reduction finished (AVG, premul fallbacks) and copied to `output`.
+void finishReduceScatter(const at::Tensor& output, const lowering::Reduction& reduction,
+                         const lowering::Scratch& scratch, int size) {
+  const at::Tensor& result = (*scratch)[1];
+  lowering::finishReduction(lowering::reductionBuffer(result), reduction, size);
+  lowering::copyBack(output, result);
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
@@ -197,17 +221,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
                  opts.timeout},
                 path,
                 {[input, output, reduction, scratch](Communicator& comm, c10::Stream stream) {
-                   auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
-                   in = lowering::premultiplied(lowering::contiguous(input), reduction);
-                   result = lowering::contiguous(output);
-                   comm.reduceScatter(lowering::reductionBuffer(in),
-                                      lowering::reductionBuffer(result), reduction.communicatorOp(),
-                                      stream);
+                   issueReduceScatter(comm, stream, lowering::contiguous(input), output, reduction,
+                                      scratch);
                  },
                  [output, reduction, scratch, size]() {
-                   const at::Tensor& result = (*scratch)[1];
-                   lowering::finishReduction(lowering::reductionBuffer(result), reduction, size);
-                   lowering::copyBack(output, result);
+                   finishReduceScatter(output, reduction, scratch, size);
                  }});
 }
 
@@ -231,17 +249,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
                    for (const auto& input : inputs) {
                      flat.push_back(input.reshape({-1}));
                    }
-                   auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
-                   in = lowering::premultiplied(at::cat(flat), reduction);
-                   result = lowering::contiguous(output);
-                   comm.reduceScatter(lowering::reductionBuffer(in),
-                                      lowering::reductionBuffer(result), reduction.communicatorOp(),
-                                      stream);
+                   issueReduceScatter(comm, stream, at::cat(flat), output, reduction, scratch);
                  },
                  [output, reduction, scratch, size]() {
-                   const at::Tensor& result = (*scratch)[1];
-                   lowering::finishReduction(lowering::reductionBuffer(result), reduction, size);
-                   lowering::copyBack(output, result);
+                   finishReduceScatter(output, reduction, scratch, size);
                  }});
 }
 

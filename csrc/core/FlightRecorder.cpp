@@ -159,20 +159,37 @@ void FlightRecorder::failed(int64_t id, const std::string& error) {
   }
 }
 
-std::string FlightRecorder::dump() const {
-  std::vector<const Entry*> kept;
-  std::lock_guard<std::mutex> lock(mutex_);
+std::vector<const FlightRecorder::Entry*> FlightRecorder::kept(const std::string* groupName) const {
+  std::vector<const Entry*> entries;
   for (const auto& entry : ring_) {
-    if (entry.id >= 0) {
-      kept.push_back(&entry);
+    if (entry.id >= 0 && (!groupName || entry.group->name == *groupName)) {
+      entries.push_back(&entry);
     }
   }
-  std::sort(kept.begin(), kept.end(), [](const Entry* a, const Entry* b) { return a->id < b->id; });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry* a, const Entry* b) { return a->id < b->id; });
+  return entries;
+}
+
+const char* FlightRecorder::stateName(State state) {
+  switch (state) {
+    case State::Scheduled:
+      return "scheduled";
+    case State::Started:
+      return "started";
+    case State::Completed:
+      return "completed";
+  }
+  return "unknown";
+}
+
+std::string FlightRecorder::dump() const {
+  std::lock_guard<std::mutex> lock(mutex_);
 
   c10::List<c10::IValue> entries(c10::AnyType::get());
   // Per group: the last collective enqueued, started and completed, as torch's pg_status.
   std::map<std::string, std::array<int64_t, 3>> status;
-  for (const Entry* entry : kept) {
+  for (const Entry* entry : kept(nullptr)) {
     const RecordedOp& op = entry->op;
     auto dict = newDict();
     dict.insert("record_id", entry->id);
@@ -188,10 +205,7 @@ std::string FlightRecorder::dump() const {
     dict.insert("input_dtypes", dtypesList(entry->inputs.dtypes));
     dict.insert("output_sizes", sizesList(entry->outputs.sizes));
     dict.insert("output_dtypes", dtypesList(entry->outputs.dtypes));
-    const char* state = entry->state == State::Scheduled ? "scheduled"
-                        : entry->state == State::Started ? "started"
-                                                         : "completed";
-    dict.insert("state", std::string(state));
+    dict.insert("state", std::string(stateName(entry->state)));
     dict.insert("time_discovered_started_ns",
                 entry->startedNs ? c10::IValue(entry->startedNs) : c10::IValue());
     dict.insert("time_discovered_completed_ns",
@@ -256,24 +270,14 @@ std::string FlightRecorder::dump() const {
 
 std::string FlightRecorder::summary(const std::string& groupName) const {
   constexpr size_t kShown = 5;
-  std::vector<const Entry*> latest;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& entry : ring_) {
-    if (entry.id >= 0 && entry.group->name == groupName) {
-      latest.push_back(&entry);
-    }
-  }
-  std::sort(latest.begin(), latest.end(),
-            [](const Entry* a, const Entry* b) { return a->id < b->id; });
+  const std::vector<const Entry*> latest = kept(&groupName);
   const size_t first = latest.size() > kShown ? latest.size() - kShown : 0;
   std::ostringstream out;
   out << "last " << latest.size() - first << " ops:";
   for (size_t i = first; i < latest.size(); ++i) {
     const Entry& entry = *latest[i];
-    const char* state = !entry.error.empty()              ? "failed"
-                        : entry.state == State::Completed ? "completed"
-                        : entry.state == State::Started   ? "started"
-                                                          : "scheduled";
+    const char* state = entry.error.empty() ? stateName(entry.state) : "failed";
     out << " " << entry.op.profilingName << " #" << entry.op.opId << " " << state
         << (i + 1 < latest.size() ? "," : "");
   }

@@ -89,6 +89,11 @@ class FlightRecorder {
   };
   // The entry of `id` if it is still kept (the buffer is a ring); the caller holds mutex_.
   Entry* find(int64_t id);
+  // The kept entries of the group named `groupName` (every group's when null), oldest first;
+  // the caller holds mutex_.
+  std::vector<const Entry*> kept(const std::string* groupName) const;
+  // "scheduled", "started" or "completed", as torch's recorder names the states.
+  static const char* stateName(State state);
 
   std::atomic<bool> enabled_{false};  // read by every launch: no lock
   mutable std::mutex mutex_;

@@ -99,7 +99,7 @@ void Watchdog::releaseCompleted() {
 
 void Watchdog::check() {
   std::vector<c10::intrusive_ptr<Work>> expired;
-  std::vector<std::weak_ptr<Communicator>> communicators;
+  std::vector<std::shared_ptr<Communicator>> communicators;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     collectCompleted();  // recorded now; released by the next caller that launches or waits
@@ -109,7 +109,7 @@ void Watchdog::check() {
         expired.push_back(work);
       }
     }
-    communicators = communicators_;
+    communicators = liveCommunicators(/*locked=*/true);
   }
   for (const auto& work : expired) {
     const std::string reason =
@@ -123,11 +123,7 @@ void Watchdog::check() {
     std::lock_guard<std::mutex> lock(mutex_);
     done_.insert(done_.end(), expired.begin(), expired.end());
   }
-  for (const auto& weak : communicators) {
-    auto communicator = weak.lock();
-    if (!communicator) {
-      continue;
-    }
+  for (const auto& communicator : communicators) {
     if (std::string error = communicator->asyncError(); !error.empty()) {
       const OpInfo group = describeGroup_();
       breakGroup(group, makeDistBackendError(group.who() + " " + error));
@@ -176,31 +172,36 @@ void Watchdog::abortCommunicators() {
   // Once; a concurrent caller (the group's teardown beside a failing op) waits until the
   // aborts have returned, so that it lets no tensor go before.
   std::call_once(abortOnce_, [&] {
-    std::vector<std::weak_ptr<Communicator>> communicators;
+    std::vector<std::shared_ptr<Communicator>> communicators;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       aborted_ = true;  // a communicator watched from now on is aborted at once (watch())
-      communicators = communicators_;
+      communicators = liveCommunicators(/*locked=*/true);
     }
-    for (const auto& weak : communicators) {
-      if (auto communicator = weak.lock()) {
-        communicator->abort();
-      }
+    for (const auto& communicator : communicators) {
+      communicator->abort();
     }
   });
 }
 
 void Watchdog::stopConnecting() {
-  std::vector<std::weak_ptr<Communicator>> communicators;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    communicators = communicators_;
+  for (const auto& communicator : liveCommunicators()) {
+    communicator->stopConnecting();
   }
-  for (const auto& weak : communicators) {
+}
+
+std::vector<std::shared_ptr<Communicator>> Watchdog::liveCommunicators(bool locked) {
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  if (!locked) {
+    lock.lock();
+  }
+  std::vector<std::shared_ptr<Communicator>> live;
+  for (const auto& weak : communicators_) {
     if (auto communicator = weak.lock()) {
-      communicator->stopConnecting();
+      live.push_back(std::move(communicator));
     }
   }
+  return live;
 }
 
 void Watchdog::releaseAll() {

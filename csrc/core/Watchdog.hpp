@@ -78,6 +78,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   void collectCompleted();
   // Counts the op's end, completed or failed, once: in the flight recorder and the stats.
   void retire(Work& work);
+  // The group's communicators still alive, taken with mutex_ held (the caller holds it when
+  // `locked`), to be called into without it: a call may take long (abort, asyncError).
+  std::vector<std::shared_ptr<Communicator>> liveCommunicators(bool locked = false);
 
   const std::shared_ptr<GroupHealth> health_;
   const std::shared_ptr<GroupStats> stats_;
