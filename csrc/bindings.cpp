@@ -11,6 +11,7 @@
 #include "cuda/CudaPath.hpp"
 #include "cuda/NcclCommunicator.hpp"
 #include "fake/FakeGpu.hpp"
+#include "fake/FakeMemory.hpp"
 #include "fake/FakeNcclWorld.hpp"
 #include "fake/RecordingCuda.hpp"
 #include "fake/RecordingNccl.hpp"
@@ -141,12 +142,35 @@ cudaStreamCaptureMode captureMode(const std::string& name) {
   return cudaStreamCaptureModeRelaxed;
 }
 
+fake::FakeModels modelsFrom(const std::map<std::string, bool>& switches) {
+  fake::FakeModels models;
+  for (const auto& [name, on] : switches) {
+    TORCH_CHECK_VALUE(models.set(name, on), "no fake GPU model is called ", name);
+  }
+  return models;
+}
+
 // Test-only: groups whose CUDA path runs on the fakes of NCCL and CUDA (csrc/fake/). Their CPU
 // tensors take the CUDA path on a fake GPU, whose log and checks the tests read.
 void bindRecording(py::module_& m) {
   using fake::FakeGpu;
+  using Millis = std::chrono::milliseconds;
   py::class_<fake::FakeNcclWorld, std::shared_ptr<fake::FakeNcclWorld>>(m, "_FakeNcclWorld")
-      .def(py::init<bool>(), py::arg("simulate_peers"));
+      .def(py::init([](bool simulatePeers, const std::map<std::string, bool>& models) {
+             return std::make_shared<fake::FakeNcclWorld>(simulatePeers, modelsFrom(models));
+           }),
+           py::arg("simulate_peers"), py::arg("models") = std::map<std::string, bool>{},
+           "Where the ranks' fake GPUs meet; `models` switches modelled semantics on or off.");
+  py::class_<fake::FakeRead, std::shared_ptr<fake::FakeRead>>(m, "_FakeRead")
+      .def(
+          "value",
+          [](fake::FakeRead& read, Millis timeout) {
+            at::Tensor value = read.value(timeout);
+            TORCH_CHECK(value.defined(), "the stream did not get to the read within ",
+                        timeout.count(), " ms");
+            return value;
+          },
+          py::arg("timeout") = Millis(10000), py::call_guard<py::gil_scoped_release>());
   py::class_<FakeGpu, std::shared_ptr<FakeGpu>>(m, "_FakeGpu")
       .def("calls", [](FakeGpu& gpu) { return gpu.log().calls(); })
       .def("clear", [](FakeGpu& gpu) { gpu.log().clear(); })
@@ -159,6 +183,7 @@ void bindRecording(py::module_& m) {
              }
              return rows;
            })
+      .def("ran", &FakeGpu::ran, "What ran on the GPU, in order: 'S1 ncclAllReduce', ...")
       .def(
           "fail_next", [](FakeGpu& gpu, std::string fn) { gpu.log().failNext(std::move(fn)); },
           py::arg("function"))
@@ -168,9 +193,26 @@ void bindRecording(py::module_& m) {
             gpu.log().inProgressNext(std::move(fn), polls);
           },
           py::arg("function"), py::arg("polls"))
-      .def(
-          "hold_events", [](FakeGpu& gpu, bool held) { gpu.log().holdEvents(held); },
-          py::arg("held"))
+      .def("fail_cuda", &FakeGpu::failCuda, py::arg("call"), py::arg("error"),
+           py::arg("sticky") = false)
+      .def("hold_events", &FakeGpu::hold, py::arg("held"),
+           "While held, nothing runs on this GPU: what was issued since looks stuck.")
+      .def("synchronize", &FakeGpu::synchronize, py::arg("timeout") = Millis(10000),
+           py::call_guard<py::gil_scoped_release>(),
+           "Waits until the GPU has run everything; False if it is stuck.")
+      .def("read", &FakeGpu::read, py::arg("tensor"),
+           "A read of `tensor` on the calling thread's current stream, as a kernel of the user's")
+      .def("write", &FakeGpu::write, py::arg("tensor"), py::arg("value"))
+      .def("futures_naming_device", &FakeGpu::futuresNamingDevice)
+      .def_static(
+          "memory_live",
+          [](uintptr_t address) {
+            return fake::FakeMemory::instance().lookup(reinterpret_cast<const void*>(address)).live;
+          },
+          py::arg("address"), "Whether the fake allocator's block at `address` is held.")
+      .def_static(
+          "frees_by_thread", [] { return fake::FakeMemory::instance().freesByThread(); },
+          "How many blocks each thread (by name) has freed.")
       .def("contexts", &FakeGpu::contexts)
       .def("set_device", &FakeGpu::setCurrentDevice, py::arg("index"),
            "The calling thread's current device (-1: none).")
@@ -186,35 +228,44 @@ void bindRecording(py::module_& m) {
           "begin_capture",
           [](FakeGpu& gpu, const std::string& mode) { gpu.beginCapture(captureMode(mode)); },
           py::arg("mode"))
-      .def("end_capture", &FakeGpu::endCapture);
+      .def("end_capture", &FakeGpu::endCapture)
+      .def("last_graph", &FakeGpu::lastGraph)
+      .def("replay", &FakeGpu::replay, py::arg("graph"));
   m.def(
       "_recording_process_group",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout, bool highPriorityStreams, bool blockingWait,
-         std::shared_ptr<fake::FakeNcclWorld> world, int deviceIndex, int computeCapability,
-         bool enableTiming, int traceBufferSize) {
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Millis timeout,
+         bool highPriorityStreams, bool blockingWait, std::shared_ptr<fake::FakeNcclWorld> world,
+         int deviceIndex, int computeCapability, bool enableTiming, int traceBufferSize,
+         bool debugChecks, std::optional<std::string> dumpDir, bool singleHardwareQueue,
+         const std::map<std::string, bool>& models) {
         if (!world) {
-          world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true);
+          world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true, modelsFrom(models));
         }
-        auto gpu = std::make_shared<FakeGpu>(deviceIndex, computeCapability);
+        auto gpu = std::make_shared<FakeGpu>(world, deviceIndex, computeCapability);
         auto options = c10::make_intrusive<Options>();
         options->timeout = timeout;
         options->highPriorityStreams = highPriorityStreams;
         options->blockingWait = blockingWait;
         options->enableTiming = enableTiming;
         options->traceBufferSize = traceBufferSize;
+        options->debugChecks = debugChecks;
+        options->dumpDir = std::move(dumpDir);
+        options->singleHardwareQueue = singleHardwareQueue;
         ProcessGroup::PathFactories factories;
         factories.emplace(c10::kCPU, std::make_unique<CudaPathFactory>(
                                          std::make_shared<fake::RecordingNccl>(gpu, world),
                                          std::make_shared<fake::RecordingCuda>(gpu, c10::kCPU),
                                          store, rank, size, options));
-        auto group = c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
+        auto group =
+            c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories), store);
         return std::make_pair(NoGilDestructor<ProcessGroup>(group), gpu);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::arg("high_priority_streams") = false, py::arg("blocking_wait") = false,
       py::arg("world") = nullptr, py::arg("device_index") = 0, py::arg("compute_capability") = 90,
-      py::arg("enable_timing") = false, py::arg("trace_buffer_size") = 0);
+      py::arg("enable_timing") = false, py::arg("trace_buffer_size") = 0,
+      py::arg("debug_checks") = false, py::arg("dump_dir") = py::none(),
+      py::arg("single_hardware_queue") = false, py::arg("models") = std::map<std::string, bool>{});
 }
 #endif
 
@@ -231,8 +282,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
       .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
                        std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
-                       std::optional<bool> debugChecks, std::optional<bool> enableTiming) {
+                       std::optional<bool> debugChecks, std::optional<bool> enableTiming,
+                       std::optional<bool> singleHardwareQueue) {
              auto options = c10::make_intrusive<Options>();
+             options->singleHardwareQueue = singleHardwareQueue;
              options->enableTiming = enableTiming;
              options->highPriorityStreams = highPriorityStreams;
              options->blockingWait = blockingWait;
@@ -244,13 +297,14 @@ PYBIND11_MODULE(_C, m) {
            py::kw_only(), py::arg("high_priority_streams") = py::none(),
            py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
            py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none(),
-           py::arg("enable_timing") = py::none())
+           py::arg("enable_timing") = py::none(), py::arg("single_hardware_queue") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
       .def_readwrite("dump_dir", &Options::dumpDir)
       .def_readwrite("trace_buffer_size", &Options::traceBufferSize)
       .def_readwrite("debug_checks", &Options::debugChecks)
       .def_readwrite("enable_timing", &Options::enableTiming)
+      .def_readwrite("single_hardware_queue", &Options::singleHardwareQueue)
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
@@ -266,7 +320,6 @@ PYBIND11_MODULE(_C, m) {
              return torch::jit::toPyObject(c10::IValue(self.statsSnapshot()));
            })
       .def("_reset_stats", &ProcessGroup::resetStats)
-      .def("_stop_watchdog", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>())
       // torch calls this on a group's non-members when a bound group splits; it is how NCCL
       // backends take part in ncclCommSplit. streamnccl makes a subgroup's communicators from
       // scratch, among its members only, so there is nothing to do.
@@ -286,8 +339,9 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(dump);
       },
       "This process's flight recorder, pickled as torch's flight recorder dumps are.");
-  m.def("_stop_all_watchdogs", &ProcessGroup::shutdownAll, py::call_guard<py::gil_scoped_release>(),
-        "Stops the watchdog of every live group; registered to run at interpreter exit.");
+  m.def("_shutdown_all_groups", &ProcessGroup::shutdownAll,
+        py::call_guard<py::gil_scoped_release>(),
+        "Shuts every live group down (finishing its ops first); registered to run at exit.");
   bindSimulation(m);
 #ifdef STREAMNCCL_WITH_NCCL
   bindRecording(m);

@@ -90,10 +90,12 @@ def test_events_are_pooled_and_the_internal_stream_made_once():
     pg, log = recorded_group()
     x = torch.ones(4)
     # The group lets go of finished Works when the next op is launched, before that op takes
-    # its events: after the first op's two events and stream, no op makes anything.
+    # its events: after the first op's two events and stream, no op makes anything (each has
+    # run on the GPU by the next one's launch here).
     made = []
     for _ in range(6):
         calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
+        assert log.synchronize()
         made.append(sum(c.startswith(("cudaEventCreate", "cudaStreamCreate")) for c in calls))
         assert [c for c in calls if c.startswith("ncclAllReduce")] == [
             "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S1)"
@@ -518,7 +520,8 @@ def test_recv_from_any_source_is_refused_at_the_call():
     assert not any(c.startswith(("ncclRecv", "ncclCommInitRank")) for c in log.calls())
     x = torch.ones(4)
     run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
-    assert torch.equal(x, torch.ones(4))
+    assert log.synchronize()
+    assert torch.equal(x, torch.full((4,), 3.0))  # the sum over this rank and its 2 mirrors
     # Inside a group it is refused before any path is asked.
     pg._start_coalescing()
     with pytest.raises(ValueError, match="cannot join a coalesced group; name the sender"):
@@ -526,20 +529,26 @@ def test_recv_from_any_source_is_refused_at_the_call():
     pg._end_coalescing()
 
 
-def test_destroying_the_group_destroys_its_communicators():
+def test_destroying_the_group_finalizes_then_destroys_its_communicators():
     pg, log = recorded_group()
     run(pg, log, lambda pg: pg.allreduce([torch.ones(1)], options(AllreduceOptions)))
     run(pg, log, lambda pg: pg.send([torch.ones(1)], 1, 0))
     after_both_lanes_connect(log)
     log.clear()
     del pg
-    assert sorted(log.calls()) == [
+    calls = log.calls()
+    assert sorted(calls) == [
         "cudaStreamDestroy(S1)",  # the group's internal stream and the lane's: ours to destroy
         "cudaStreamDestroy(S2)",
         "ncclCommDestroy(C0)",
         "ncclCommDestroy(C1)",
         "ncclCommDestroy(C2)",
+        "ncclCommFinalize(C0)",  # non-blocking: polled until NCCL has flushed its work
+        "ncclCommFinalize(C1)",
+        "ncclCommFinalize(C2)",
     ]
+    for comm in ("C0", "C1", "C2"):
+        assert calls.index(f"ncclCommFinalize({comm})") < calls.index(f"ncclCommDestroy({comm})")
 
 
 def test_eager_connect_opens_the_communicator_at_once():

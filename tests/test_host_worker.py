@@ -53,5 +53,5 @@ def test_a_sync_op_does_not_wake_the_idle_worker():
     # this guards against) doubles the context switches of every small sync op.
     assert woken < ops // 10, f"the idle worker woke {woken} times in {ops} sync ops"
     assert torch.equal(x, torch.ones(4))
-    group._stop_watchdog()
+    group.shutdown()
     del group

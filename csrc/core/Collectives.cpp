@@ -17,22 +17,23 @@ namespace {
 // The issue step of both reduce_scatter forms, once `whole` (every rank's block, on this rank)
 // is made: its premultiplied copy and the output computed in stay in `scratch` (0 and 1)
 // until the task ends, as NCCL reads them at the group's end.
-void issueReduceScatter(Communicator& comm, c10::Stream stream, const at::Tensor& whole,
-                        const at::Tensor& output, const lowering::Reduction& reduction,
-                        const lowering::Scratch& scratch) {
+void issueReduceScatter(Communicator& comm, Kernels& kernels, c10::Stream stream,
+                        const at::Tensor& whole, const at::Tensor& output,
+                        const lowering::Reduction& reduction, const lowering::Scratch& scratch) {
   auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
-  in = lowering::premultiplied(whole, reduction);
-  result = lowering::contiguous(output);
+  in = lowering::premultiplied(kernels, whole, reduction);
+  result = kernels.contiguous(output);
   comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(result),
                      reduction.communicatorOp(), stream);
 }
 
 // Their finish step: the reduction finished (AVG, premul fallbacks) and copied to `output`.
-void finishReduceScatter(const at::Tensor& output, const lowering::Reduction& reduction,
-                         const lowering::Scratch& scratch, int size) {
+void finishReduceScatter(Kernels& kernels, const at::Tensor& output,
+                         const lowering::Reduction& reduction, const lowering::Scratch& scratch,
+                         int size) {
   const at::Tensor& result = (*scratch)[1];
-  lowering::finishReduction(lowering::reductionBuffer(result), reduction, size);
-  lowering::copyBack(output, result);
+  lowering::finishReduction(kernels, lowering::reductionBuffer(result), reduction, size);
+  lowering::copyBack(kernels, output, result);
 }
 
 }  // namespace
@@ -42,22 +43,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
   constexpr const char* op = "allreduce";
   const at::Tensor& tensor = checks::singleTensor(op, "tensor", tensors);
   Path& path = pathFor(tensor.device(), op);
-  const auto reduction = lowering::reduction(op, opts.reduceOp, tensor, *path.communicator);
+  Kernels callers(*path.device);
+  const auto reduction =
+      lowering::reduction(op, opts.reduceOp, tensor, *path.communicator, callers);
   const int size = getSize();
   // The result is computed in `work` (the tensor itself when possible) and copied back.
   auto work = std::make_shared<at::Tensor>();
-  return submit({op, c10d::OpType::ALLREDUCE, tensor, reduction.withFactors(tensors), tensors,
-                 opts.asyncOp, opts.timeout},
-                path,
-                {[tensor, reduction, work](Communicator& comm, c10::Stream stream) {
-                   *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
-                   const at::Tensor buffer = lowering::reductionBuffer(*work);
-                   comm.allReduce(buffer, buffer, reduction.communicatorOp(), stream);
-                 },
-                 [tensor, reduction, work, size]() {
-                   lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
-                   lowering::copyBack(tensor, *work);
-                 }});
+  return submit(
+      {op, c10d::OpType::ALLREDUCE, tensor, reduction.withFactors(tensors), tensors, opts.asyncOp,
+       opts.timeout},
+      path,
+      {[tensor, reduction, work](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+         *work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
+         const at::Tensor buffer = lowering::reductionBuffer(*work);
+         comm.allReduce(buffer, buffer, reduction.communicatorOp(), stream);
+       },
+       [tensor, reduction, work, size](Kernels& kernels) {
+         lowering::finishReduction(kernels, lowering::reductionBuffer(*work), reduction, size);
+         lowering::copyBack(kernels, tensor, *work);
+       }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_coalesced(
@@ -83,12 +87,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& 
   auto work = std::make_shared<at::Tensor>();
   return submit({op, c10d::OpType::BROADCAST, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
                 path,
-                {[tensor, root, work](Communicator& comm, c10::Stream stream) {
-                   *work = lowering::contiguous(tensor);
+                {[tensor, root, work](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+                   *work = kernels.contiguous(tensor);
                    const at::Tensor buffer = lowering::bytes(*work);
                    comm.broadcast(buffer, buffer, root, stream);
                  },
-                 [tensor, work]() { lowering::copyBack(tensor, *work); }});
+                 [tensor, work](Kernels& kernels) { lowering::copyBack(kernels, tensor, *work); }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& tensors,
@@ -99,26 +103,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
   STREAMNCCL_CHECK_ARG(opts.rootTensor == 0, op, "`rootTensor` is ", opts.rootTensor,
                        ", expected 0 (one tensor per process)");
   Path& path = pathFor(tensor.device(), op);
-  const auto reduction = lowering::reduction(op, opts.reduceOp, tensor, *path.communicator);
+  Kernels callers(*path.device);
+  const auto reduction =
+      lowering::reduction(op, opts.reduceOp, tensor, *path.communicator, callers);
   const int root = static_cast<int>(opts.rootRank);
   const bool isRoot = root == getRank();
   const int size = getSize();
   auto work = std::make_shared<at::Tensor>();
-  return submit({op, c10d::OpType::REDUCE, tensor, reduction.withFactors(tensors), tensors,
-                 opts.asyncOp, opts.timeout},
-                path,
-                {[tensor, reduction, root, work](Communicator& comm, c10::Stream stream) {
-                   *work = lowering::premultiplied(lowering::contiguous(tensor), reduction);
-                   const at::Tensor buffer = lowering::reductionBuffer(*work);
-                   comm.reduce(buffer, buffer, reduction.communicatorOp(), root, stream);
-                 },
-                 [tensor, reduction, work, size, isRoot]() {
-                   // Only the root's tensor receives the result; the others keep their input.
-                   if (isRoot) {
-                     lowering::finishReduction(lowering::reductionBuffer(*work), reduction, size);
-                     lowering::copyBack(tensor, *work);
-                   }
-                 }});
+  return submit(
+      {op, c10d::OpType::REDUCE, tensor, reduction.withFactors(tensors), tensors, opts.asyncOp,
+       opts.timeout},
+      path,
+      {[tensor, reduction, root, work](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+         *work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
+         const at::Tensor buffer = lowering::reductionBuffer(*work);
+         comm.reduce(buffer, buffer, reduction.communicatorOp(), root, stream);
+       },
+       [tensor, reduction, work, size, isRoot](Kernels& kernels) {
+         // Only the root's tensor receives the result; the others keep their input.
+         if (isRoot) {
+           lowering::finishReduction(kernels, lowering::reductionBuffer(*work), reduction, size);
+           lowering::copyBack(kernels, tensor, *work);
+         }
+       }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
@@ -133,18 +140,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
   auto scratch = lowering::makeScratch(2);  // the dense input, the gathered buffer
   return submit(
       {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
-      {[input, size, scratch](Communicator& comm, c10::Stream stream) {
+      {[input, size, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
          auto [dense, gathered] = std::tie((*scratch)[0], (*scratch)[1]);
-         dense = lowering::contiguous(input);
+         dense = kernels.contiguous(input);
          // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
          gathered = at::empty({size * dense.numel()}, dense.options());
          comm.allGather(lowering::bytes(dense), lowering::bytes(gathered), stream);
        },
-       [outputs, size, scratch]() {
+       [outputs, size, scratch](Kernels& kernels) {
          const at::Tensor& gathered = (*scratch)[1];
          const int64_t count = gathered.numel() / size;
          for (const auto r : c10::irange(size)) {
-           outputs[r].copy_(gathered.narrow(0, r * count, count).view(outputs[r].sizes()));
+           kernels.copy(outputs[r], gathered.narrow(0, r * count, count).view(outputs[r].sizes()));
          }
        }});
 }
@@ -181,13 +188,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputT
   return submit(
       {op, c10d::OpType::_ALLGATHER_BASE, input, {input}, {output}, opts.asyncOp, opts.timeout},
       path,
-      {[input, output, scratch](Communicator& comm, c10::Stream stream) {
+      {[input, output, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
          auto [dense, result] = std::tie((*scratch)[0], (*scratch)[1]);
-         dense = lowering::contiguous(input);
-         result = lowering::contiguous(output);
+         dense = kernels.contiguous(input);
+         result = kernels.contiguous(output);
          comm.allGather(lowering::bytes(dense), lowering::bytes(result), stream);
        },
-       [output, scratch]() { lowering::copyBack(output, (*scratch)[1]); }});
+       [output, scratch](Kernels& kernels) {
+         lowering::copyBack(kernels, output, (*scratch)[1]);
+       }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_tensor_coalesced(
@@ -207,7 +216,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
   checks::dense(op, "output", outputTensor);
   checks::wholeIsSizeParts(op, "input", inputTensor, "output", outputTensor, getSize());
   Path& path = pathFor(outputTensor.device(), op);
-  const auto reduction = lowering::reduction(op, opts.reduceOp, outputTensor, *path.communicator);
+  Kernels callers(*path.device);
+  const auto reduction =
+      lowering::reduction(op, opts.reduceOp, outputTensor, *path.communicator, callers);
   const at::Tensor input = inputTensor;
   const at::Tensor output = outputTensor;
   const int size = getSize();
@@ -220,12 +231,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
                  opts.asyncOp,
                  opts.timeout},
                 path,
-                {[input, output, reduction, scratch](Communicator& comm, c10::Stream stream) {
-                   issueReduceScatter(comm, stream, lowering::contiguous(input), output, reduction,
-                                      scratch);
+                {[input, output, reduction, scratch](Communicator& comm, Kernels& kernels,
+                                                     c10::Stream stream) {
+                   issueReduceScatter(comm, kernels, stream, kernels.contiguous(input), output,
+                                      reduction, scratch);
                  },
-                 [output, reduction, scratch, size]() {
-                   finishReduceScatter(output, reduction, scratch, size);
+                 [output, reduction, scratch, size](Kernels& kernels) {
+                   finishReduceScatter(kernels, output, reduction, scratch, size);
                  }});
 }
 
@@ -237,22 +249,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
   const std::vector<at::Tensor>& inputs =
       checks::rankList(op, "input_list", inputTensors, output, getSize());
   Path& path = pathFor(output.device(), op);
-  const auto reduction = lowering::reduction(op, opts.reduceOp, output, *path.communicator);
+  Kernels callers(*path.device);
+  const auto reduction =
+      lowering::reduction(op, opts.reduceOp, output, *path.communicator, callers);
   const int size = getSize();
   auto scratch = lowering::makeScratch(2);  // the concatenated input, the output computed in
   return submit({op, c10d::OpType::REDUCE_SCATTER, output, reduction.withFactors(inputs),
                  outputTensors, opts.asyncOp, opts.timeout},
                 path,
-                {[inputs, output, reduction, scratch](Communicator& comm, c10::Stream stream) {
-                   std::vector<at::Tensor> flat;
-                   flat.reserve(inputs.size());
+                {[inputs, output, reduction, scratch](Communicator& comm, Kernels& kernels,
+                                                      c10::Stream stream) {
+                   std::vector<at::Tensor> dense;
+                   dense.reserve(inputs.size());
                    for (const auto& input : inputs) {
-                     flat.push_back(input.reshape({-1}));
+                     dense.push_back(kernels.contiguous(input));
                    }
-                   issueReduceScatter(comm, stream, at::cat(flat), output, reduction, scratch);
+                   issueReduceScatter(comm, kernels, stream, kernels.concatenate(dense), output,
+                                      reduction, scratch);
                  },
-                 [output, reduction, scratch, size]() {
-                   finishReduceScatter(output, reduction, scratch, size);
+                 [output, reduction, scratch, size](Kernels& kernels) {
+                   finishReduceScatter(kernels, output, reduction, scratch, size);
                  }});
 }
 

@@ -10,6 +10,7 @@
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <exception>
 #include <string>
 
@@ -43,9 +44,12 @@ class Communicator {
   // Whether reductions can take ReduceKind::PreMulSum for this dtype. Where they cannot, the
   // core multiplies first, then sums.
   virtual bool supportsPreMulSum(at::ScalarType dtype) const = 0;
-  // Why the communicator cannot reduce a buffer of `dtype` (a reduction buffer's: complex as
-  // its real dtype, bool as bytes), or empty when it can. The core checks it at the call.
-  virtual std::string reductionRefusal(at::ScalarType /*dtype*/) const { return {}; }
+  // Why the communicator cannot apply `kind` to a buffer of `dtype` (a reduction buffer's:
+  // complex as its real dtype, bool as bytes), or empty when it can. The core checks it at
+  // the call, after lowering (AVG and PREMUL_SUM may arrive as SUM).
+  virtual std::string reductionRefusal(ReduceKind /*kind*/, at::ScalarType /*dtype*/) const {
+    return {};
+  }
 
   virtual void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                          c10::Stream stream) = 0;
@@ -85,6 +89,11 @@ class Communicator {
   // peers') fail instead of waiting forever. Called from the watchdog thread; no call may be
   // made afterwards.
   virtual void abort() = 0;
+  // Ends the communicator in order at the group's end, once its ops have completed: NCCL
+  // finalizes it (flushing what it still has in flight, every member doing the same) and then
+  // destroys it, by `deadline`. Returns why it had to be aborted instead, or empty. No call may
+  // be made afterwards.
+  virtual std::string close(std::chrono::steady_clock::time_point /*deadline*/) { return {}; }
   // A fault the communicator found on its own, outside any call (NCCL's asynchronous
   // errors), described; empty when there is none. Polled by the watchdog.
   virtual std::string asyncError() = 0;

@@ -13,11 +13,16 @@
 //     the host is not blocked. wait(timeout), or the blockingWait option, also blocks the host
 //     until `end` completes, and raises DistBackendError once the timeout has passed.
 //  4. work.is_completed() queries `end` without blocking. work.get_future() is completed from
-//     inside the op's enqueued task, so on CUDA it is marked with the op's stream current and
-//     then() callbacks (DDP comm hooks) are ordered after the op.
-//  5. Every input and output of an async op stays referenced by its Work, and the Work by the
-//     group, until `end` has completed: memory is never handed back to the allocator while
-//     the op may still touch it.
+//     inside the op's enqueued task, after the op's own kernels (copy-backs, AVG's division),
+//     so on CUDA it is marked with the op's stream current and then() callbacks (DDP comm
+//     hooks) are ordered after the whole op.
+//  5. Every input and output of an async op stays referenced by its Work until `end` has
+//     completed (and no longer: once it has, the next call on the group, or wait(), lets them
+//     go), so memory is never handed back to the allocator while the op may still touch it.
+//     A failed op's too: its kernels after the communicator's (copy-backs, divisions) still
+//     run once the communicator is aborted. An op captured into a CUDA graph runs at every
+//     replay: its Work holds its tensors and temporaries until wait() has joined it to the
+//     caller's stream (or the group ends), as ProcessGroupNCCL does.
 //  6. Ops of one group on one device are enqueued in program order; internal streams are made
 //     lazily, one per device (optionally high priority). A send or recv outside a group is
 //     the exception: it runs on its lane (Path.hpp), a stream per peer and direction, in
@@ -38,6 +43,7 @@
 // the worker in program order; a sync op returns when its result is ready. Each lane is one
 // more worker.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
@@ -45,6 +51,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace streamnccl {
 
@@ -65,6 +72,14 @@ class Event {
   virtual std::optional<double> millisecondsSince(Event& /*start*/) { return std::nullopt; }
 };
 
+// One ATen kernel of an op (see core/Kernels.hpp): `run` writes `outputs` (it may read them
+// too) and reads `inputs`, given `scalar` where it takes one. A plain function, so that a
+// device can run it later on tensors of its own making (the fake GPU's stream items).
+struct Kernel {
+  const char* name;
+  void (*run)(c10::ArrayRef<at::Tensor> outputs, c10::ArrayRef<at::Tensor> inputs, int64_t scalar);
+};
+
 // The streams and events of one device, as seen by one process group.
 class Device {
  public:
@@ -82,10 +97,23 @@ class Device {
   // replay) instead of running.
   virtual bool isCapturing(c10::Stream /*stream*/) { return false; }
   // Runs `task` in order on `stream`: the task issues one op's work (communicator calls, ATen
-  // copies), and everything it issues is ordered on `stream`. On CUDA the task runs now, on
+  // kernels), and everything it issues is ordered on `stream`. On CUDA the task runs now, on
   // the calling thread, with `stream` made current; on the host it runs on the stream's
   // executor. The task must not throw.
   virtual void enqueue(c10::Stream stream, std::function<void()> task) = 0;
+  // Whether a task runs when its stream reaches it (the host's worker), rather than when it is
+  // issued (CUDA, where it only enqueues kernels): then its running means the op has started.
+  virtual bool tasksRunInStreamOrder() const { return true; }
+  // Issues `kernel` on the calling thread's current stream, as ATen issues its kernels. A
+  // device whose streams are its threads runs it at once.
+  virtual void launch(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+                      c10::ArrayRef<at::Tensor> inputs, int64_t scalar) {
+    kernel.run(outputs, inputs, scalar);
+  }
+  // The devices an op's future must name so that then() callbacks, and a wait() on it, are
+  // ordered after the op on the device's streams (c10::ivalue::Future records its events
+  // there). None where the future's completion means the data is ready (the host).
+  virtual std::vector<c10::Device> futureDevices() const { return {}; }
 };
 
 }  // namespace streamnccl

@@ -58,7 +58,8 @@ std::string opName(c10d::ReduceOp::RedOpType type) {
   }
 }
 
-at::Tensor premulFactor(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor) {
+at::Tensor premulFactor(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
+                        Kernels& kernels) {
   auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
   STREAMNCCL_CHECK_ARG(supplement != nullptr, op,
                        "PREMUL_SUM needs a factor; make the op with "
@@ -69,7 +70,7 @@ at::Tensor premulFactor(const char* op, const c10d::ReduceOp& reduceOp, const at
                          factor.numel());
     STREAMNCCL_CHECK_ARG(factor.device() == tensor.device(), op, "PREMUL_SUM factor is on ",
                          factor.device(), " but the tensor is on ", tensor.device());
-    return factor.to(tensor.scalar_type()).reshape({});
+    return kernels.convert(factor, tensor.scalar_type()).reshape({});
   }
   // A scalar stays on the host: NCCL reads it at the call, and ATen multiplies by it anywhere.
   return at::scalar_tensor(supplement->double_factor,
@@ -84,7 +85,7 @@ bool premulFactorIsTensor(const c10d::ReduceOp& reduceOp) {
 }  // namespace
 
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
-                    const Communicator& communicator) {
+                    const Communicator& communicator, Kernels& kernels) {
   const at::ScalarType dtype = tensor.scalar_type();
   const c10d::ReduceOp::RedOpType type = reduceOp.op_;
   const std::string name = opName(type);
@@ -133,11 +134,11 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
       // A complex buffer is reduced as its real view, which a complex factor cannot scale.
       if (communicator.supportsPreMulSum(dtype) && !at::isComplexType(dtype)) {
         lowered.kind = ReduceKind::PreMulSum;
-        lowered.factor = premulFactor(op, reduceOp, tensor);
+        lowered.factor = premulFactor(op, reduceOp, tensor, kernels);
         lowered.factorOnHost = !premulFactorIsTensor(reduceOp);
       } else {
         lowered.kind = ReduceKind::Sum;
-        lowered.premultiply = premulFactor(op, reduceOp, tensor);
+        lowered.premultiply = premulFactor(op, reduceOp, tensor, kernels);
       }
       break;
     default:
@@ -152,7 +153,7 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
   const at::ScalarType bufferType = at::isComplexType(dtype) ? c10::toRealValueType(dtype)
                                     : dtype == at::kBool     ? at::kByte
                                                              : dtype;
-  const std::string refusal = communicator.reductionRefusal(bufferType);
+  const std::string refusal = communicator.reductionRefusal(lowered.kind, bufferType);
   STREAMNCCL_CHECK_TYPE(refusal.empty(), op, refusal);
   if (dtype == at::kBool) {
     // On 0/1 bytes, a logical or is MAX and a logical and is MIN; a byte SUM could overflow.
@@ -172,8 +173,6 @@ std::vector<at::Tensor> Reduction::withFactors(std::vector<at::Tensor> tensors) 
   return tensors;
 }
 
-at::Tensor contiguous(const at::Tensor& tensor) { return tensor.contiguous(); }
-
 at::Tensor reductionBuffer(const at::Tensor& contiguousTensor) {
   if (contiguousTensor.is_complex()) {
     return at::view_as_real(contiguousTensor);
@@ -188,19 +187,20 @@ at::Tensor bytes(const at::Tensor& contiguousTensor) {
   return contiguousTensor.reshape({-1}).view(at::kByte);
 }
 
-at::Tensor premultiplied(const at::Tensor& dense, const Reduction& reduction) {
-  return reduction.premultiply ? dense.mul(*reduction.premultiply) : dense;
+at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduction& reduction) {
+  return reduction.premultiply ? kernels.multiply(dense, *reduction.premultiply) : dense;
 }
 
-void finishReduction(const at::Tensor& result, const Reduction& reduction, int size) {
+void finishReduction(Kernels& kernels, const at::Tensor& result, const Reduction& reduction,
+                     int size) {
   if (reduction.divideBySize) {
-    result.div_(size);
+    kernels.divide(result, size);
   }
 }
 
-void copyBack(const at::Tensor& target, const at::Tensor& computed) {
+void copyBack(Kernels& kernels, const at::Tensor& target, const at::Tensor& computed) {
   if (!target.is_same(computed)) {
-    target.copy_(computed);
+    kernels.copy(target, computed);
   }
 }
 

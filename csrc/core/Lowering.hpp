@@ -1,9 +1,11 @@
 #pragma once
 
 // Turning the tensors users pass into the buffers the Communicator takes. The buffer helpers
-// run inside an op's enqueued task, so every copy they make is ordered on the op's stream.
+// run inside an op's enqueued task, and issue their ATen work through the op's Kernels, so
+// every copy they make is ordered on the op's stream.
 
 #include "core/Communicator.hpp"
+#include "core/Kernels.hpp"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -41,11 +43,9 @@ inline Scratch makeScratch(size_t count) {
 // lowers it: AVG to SUM and a division where the communicator cannot average; PREMUL_SUM to
 // a product and SUM where it has no PreMulSum (or the dtype is complex); bool SUM/PRODUCT to
 // MAX/MIN (logical or/and); complex only for ops that act on real and imaginary parts alone.
+// A factor of another dtype is converted at the call, on the caller's stream (`kernels`).
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
-                    const Communicator& communicator);
-
-// `tensor` itself when it is contiguous, else a contiguous copy to compute in.
-at::Tensor contiguous(const at::Tensor& tensor);
+                    const Communicator& communicator, Kernels& kernels);
 
 // The buffer a reduction works on: complex as its real view, bool as bytes.
 at::Tensor reductionBuffer(const at::Tensor& contiguousTensor);
@@ -55,12 +55,13 @@ at::Tensor reductionBuffer(const at::Tensor& contiguousTensor);
 at::Tensor bytes(const at::Tensor& contiguousTensor);
 
 // `dense` scaled for PREMUL_SUM, as a new tensor (the caller's input is never modified).
-at::Tensor premultiplied(const at::Tensor& dense, const Reduction& reduction);
+at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduction& reduction);
 
 // The division of AVG-by-SUM, in place on a result buffer.
-void finishReduction(const at::Tensor& result, const Reduction& reduction, int size);
+void finishReduction(Kernels& kernels, const at::Tensor& result, const Reduction& reduction,
+                     int size);
 
 // Writes `computed` back into `target` when the op had to compute in a copy.
-void copyBack(const at::Tensor& target, const at::Tensor& computed);
+void copyBack(Kernels& kernels, const at::Tensor& target, const at::Tensor& computed);
 
 }  // namespace streamnccl::lowering

@@ -20,6 +20,7 @@ struct OpInfo {
   std::vector<int64_t> shape;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   int64_t traceId = -1;  // its flight recorder entry (FlightRecorder::record), -1 if none
+  std::string path;      // the lane it runs on (Path::description), empty on the group's
 
   // "[streamnccl rank r/n pg=name]": the group and rank, as every message names them.
   std::string who() const {

@@ -122,6 +122,9 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   if (!resolved->traceBufferSize) {
     resolved->traceBufferSize = intFromEnv("STREAMNCCL_TRACE_BUFFER_SIZE").value_or(2000);
   }
+  if (!resolved->singleHardwareQueue) {
+    resolved->singleHardwareQueue = stringFromEnv("CUDA_DEVICE_MAX_CONNECTIONS") == "1";
+  }
   if (!resolved->testFault) {
     if (const auto spec = stringFromEnv("STREAMNCCL_TEST_FAULT")) {
       resolved->testFault = parseTestFault(*spec);

@@ -39,6 +39,12 @@ class Options : public c10d::Backend::Options {
   // Slow (a Store round trip per op); for finding mismatched collectives.
   std::optional<bool> debugChecks;
 
+  // CUDA_DEVICE_MAX_CONNECTIONS=1 (CUDA's own variable, read here as well): all streams of a
+  // device share one hardware queue, so kernels run in issue order across streams. The two
+  // lanes to a peer then issue their first, held-back ops in program order, and a lane op's
+  // timeout says why a send and a recv posted apart could not both progress.
+  std::optional<bool> singleHardwareQueue;
+
   // Test-only, STREAMNCCL_TEST_FAULT="rank=R,op=N,action=fail" or "...,action=delay,ms=M":
   // op number N (counted from 1) of every group on rank R fails with a DistBackendError, or
   // starts M ms late, so that fault handling is tested deterministically.
@@ -58,6 +64,7 @@ class Options : public c10d::Backend::Options {
   bool useBlockingWait() const { return blockingWait.value_or(false); }
   bool useDebugChecks() const { return debugChecks.value_or(false); }
   bool useTiming() const { return enableTiming.value_or(false); }
+  bool hasSingleHardwareQueue() const { return singleHardwareQueue.value_or(false); }
   size_t flightRecorderCapacity() const { return static_cast<size_t>(traceBufferSize.value_or(0)); }
 };
 

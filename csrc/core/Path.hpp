@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace streamnccl {
@@ -22,6 +23,9 @@ namespace streamnccl {
 struct Path {
   std::shared_ptr<Device> device;
   std::shared_ptr<Communicator> communicator;
+  // How errors of its ops name it, when it is not the group's own: "lane 0->1", and why an
+  // op on it may wait for others.
+  std::string description;
 };
 
 // The two lanes between this rank and one peer on one device. Each has its own internal

@@ -42,12 +42,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
   // Point-to-point ops carry no async flag in c10d: they run as async ops and dist.send waits.
   Launch launch{op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout};
   launch.peer = dstRank;
-  return submit(std::move(launch), path,
-                {[tensor, dstRank, scratch](Communicator& comm, c10::Stream stream) {
-                   (*scratch)[0] = lowering::contiguous(tensor);
-                   comm.send(lowering::bytes((*scratch)[0]), dstRank, stream);
-                 },
-                 nullptr});
+  return submit(
+      std::move(launch), path,
+      {[tensor, dstRank, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+         (*scratch)[0] = kernels.contiguous(tensor);
+         comm.send(lowering::bytes((*scratch)[0]), dstRank, stream);
+       },
+       nullptr});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -60,12 +61,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
   auto scratch = lowering::makeScratch(1);
   Launch launch{op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
   launch.peer = srcRank;
-  return submit(std::move(launch), path,
-                {[tensor, srcRank, scratch](Communicator& comm, c10::Stream stream) {
-                   (*scratch)[0] = lowering::contiguous(tensor);
-                   comm.recv(lowering::bytes((*scratch)[0]), srcRank, stream);
-                 },
-                 [tensor, scratch]() { lowering::copyBack(tensor, (*scratch)[0]); }});
+  return submit(
+      std::move(launch), path,
+      {[tensor, srcRank, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+         (*scratch)[0] = kernels.contiguous(tensor);
+         comm.recv(lowering::bytes((*scratch)[0]), srcRank, stream);
+       },
+       [tensor, scratch](Kernels& kernels) {
+         lowering::copyBack(kernels, tensor, (*scratch)[0]);
+       }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -80,12 +84,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tenso
   Launch launch{
       op, c10d::OpType::RECVANYSOURCE, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
   launch.sourceRank = sender;
-  return submit(std::move(launch), path,
-                {[tensor, scratch, sender](Communicator& comm, c10::Stream stream) {
-                   (*scratch)[0] = lowering::contiguous(tensor);
-                   *sender = comm.recvFromAnySource(lowering::bytes((*scratch)[0]), stream);
-                 },
-                 [tensor, scratch]() { lowering::copyBack(tensor, (*scratch)[0]); }});
+  return submit(
+      std::move(launch), path,
+      {[tensor, scratch, sender](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+         (*scratch)[0] = kernels.contiguous(tensor);
+         *sender = comm.recvFromAnySource(lowering::bytes((*scratch)[0]), stream);
+       },
+       [tensor, scratch](Kernels& kernels) {
+         lowering::copyBack(kernels, tensor, (*scratch)[0]);
+       }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
@@ -110,30 +117,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
   auto scratch = lowering::makeScratch(size + 1);
   return submit(
       {op, c10d::OpType::GATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
-      {[input, outputs, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
+      {[input, outputs, root, rank, size, scratch](Communicator& comm, Kernels& kernels,
+                                                   c10::Stream stream) {
+         // The buffers first, then one communicator group of their sends and recvs.
+         if (rank == root) {
+           for (const auto r : c10::irange(size)) {
+             if (r != root) {
+               (*scratch)[r] = kernels.contiguous(outputs[r]);
+             }
+           }
+         } else {
+           (*scratch)[size] = kernels.contiguous(input);
+         }
          CommunicatorGroup group(comm);
          if (rank == root) {
            for (const auto r : c10::irange(size)) {
              if (r != root) {
-               (*scratch)[r] = lowering::contiguous(outputs[r]);
                comm.recv(lowering::bytes((*scratch)[r]), r, stream);
              }
            }
          } else {
-           (*scratch)[size] = lowering::contiguous(input);
            comm.send(lowering::bytes((*scratch)[size]), root, stream);
          }
          group.end();
        },
-       [input, outputs, root, rank, size, scratch]() {
+       [input, outputs, root, rank, size, scratch](Kernels& kernels) {
          if (rank != root) {
            return;
          }
          for (const auto r : c10::irange(size)) {
            if (r == root) {
-             outputs[r].copy_(input.view(outputs[r].sizes()));
+             kernels.copy(outputs[r], input.view(outputs[r].sizes()));
            } else {
-             lowering::copyBack(outputs[r], (*scratch)[r]);
+             lowering::copyBack(kernels, outputs[r], (*scratch)[r]);
            }
          }
        }});
@@ -161,26 +177,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
   auto scratch = lowering::makeScratch(size + 1);
   return submit(
       {op, c10d::OpType::SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout}, path,
-      {[inputs, output, root, rank, size, scratch](Communicator& comm, c10::Stream stream) {
+      {[inputs, output, root, rank, size, scratch](Communicator& comm, Kernels& kernels,
+                                                   c10::Stream stream) {
+         if (rank == root) {
+           for (const auto r : c10::irange(size)) {
+             if (r != root) {
+               (*scratch)[r] = kernels.contiguous(inputs[r]);
+             }
+           }
+         } else {
+           (*scratch)[size] = kernels.contiguous(output);
+         }
          CommunicatorGroup group(comm);
          if (rank == root) {
            for (const auto r : c10::irange(size)) {
              if (r != root) {
-               (*scratch)[r] = lowering::contiguous(inputs[r]);
                comm.send(lowering::bytes((*scratch)[r]), r, stream);
              }
            }
          } else {
-           (*scratch)[size] = lowering::contiguous(output);
            comm.recv(lowering::bytes((*scratch)[size]), root, stream);
          }
          group.end();
        },
-       [inputs, output, root, rank, size, scratch]() {
+       [inputs, output, root, rank, size, scratch](Kernels& kernels) {
          if (rank == root) {
-           output.copy_(inputs[root].view(output.sizes()));
+           kernels.copy(output, inputs[root].view(output.sizes()));
          } else {
-           lowering::copyBack(output, (*scratch)[size]);
+           lowering::copyBack(kernels, output, (*scratch)[size]);
          }
        }});
 }
@@ -219,9 +243,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   launch.inputSplitSizes = inputSplitSizes;
   launch.outputSplitSizes = outputSplitSizes;
   return submit(std::move(launch), path,
-                {[=](Communicator& comm, c10::Stream stream) {
-                   (*scratch)[0] = lowering::bytes(lowering::contiguous(input));
-                   (*scratch)[1] = lowering::contiguous(output);
+                {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+                   (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
+                   (*scratch)[1] = kernels.contiguous(output);
                    const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
                    CommunicatorGroup group(comm);
                    for (const auto r : c10::irange(size)) {
@@ -238,11 +262,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
                    }
                    group.end();
                  },
-                 [=]() {
+                 [=](Kernels& kernels) {
                    const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
-                   block(outBytes, outOffsets[rank], outSplits[rank], outRow)
-                       .copy_(block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
-                   lowering::copyBack(output, (*scratch)[1]);
+                   kernels.copy(block(outBytes, outOffsets[rank], outSplits[rank], outRow),
+                                block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
+                   lowering::copyBack(kernels, output, (*scratch)[1]);
                  }});
 }
 
@@ -269,29 +293,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
   auto scratch = lowering::makeScratch(2 * size);
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
-      {[=](Communicator& comm, c10::Stream stream) {
+      {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+         for (const auto r : c10::irange(size)) {
+           if (r != rank && inputs[r].numel() > 0) {
+             (*scratch)[r] = kernels.contiguous(inputs[r]);
+           }
+           if (r != rank && outputs[r].numel() > 0) {
+             (*scratch)[size + r] = kernels.contiguous(outputs[r]);
+           }
+         }
          CommunicatorGroup group(comm);
          for (const auto r : c10::irange(size)) {
-           if (r == rank) {
-             continue;
-           }
-           if (inputs[r].numel() > 0) {
-             (*scratch)[r] = lowering::contiguous(inputs[r]);
+           if ((*scratch)[r].defined()) {
              comm.send(lowering::bytes((*scratch)[r]), r, stream);
            }
-           if (outputs[r].numel() > 0) {
-             (*scratch)[size + r] = lowering::contiguous(outputs[r]);
+           if ((*scratch)[size + r].defined()) {
              comm.recv(lowering::bytes((*scratch)[size + r]), r, stream);
            }
          }
          group.end();
        },
-       [=]() {
+       [=](Kernels& kernels) {
          for (const auto r : c10::irange(size)) {
            if (r == rank) {
-             outputs[r].copy_(inputs[r].reshape(outputs[r].sizes()));
+             kernels.copy(outputs[r], kernels.contiguous(inputs[r]).view(outputs[r].sizes()));
            } else if ((*scratch)[size + r].defined()) {
-             lowering::copyBack(outputs[r], (*scratch)[size + r]);
+             lowering::copyBack(kernels, outputs[r], (*scratch)[size + r]);
            }
          }
        }});

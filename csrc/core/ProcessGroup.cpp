@@ -3,6 +3,7 @@
 #include "core/Errors.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
@@ -26,14 +27,6 @@ std::unordered_set<ProcessGroup*>& liveGroups() {
 
 std::atomic<int64_t> groupsMade{0};
 
-std::vector<c10::Device> futureDevices(const c10::Device& device) {
-  // A CPU future needs no devices: it is completed only once its values are ready.
-  if (device.is_cpu()) {
-    return {};
-  }
-  return {device};
-}
-
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
@@ -56,7 +49,7 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
 }
 
 void ProcessGroup::shutdownAll() {
-  std::lock_guard<std::mutex> lock(liveGroupsMutex);
+  std::lock_guard<std::mutex> lock(liveGroupsMutex);  // a group's destructor waits meanwhile
   for (ProcessGroup* group : liveGroups()) {
     group->shutdown();
   }
@@ -70,8 +63,7 @@ void ProcessGroup::retireCompletedOfAll() {
 }
 
 void ProcessGroup::shutdown() {
-  watchdog_->stop();
-  watchdog_->stopConnecting();  // nobody will use a connection still being made at exit
+  std::call_once(closed_, [&] { close(); });
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -79,17 +71,55 @@ ProcessGroup::~ProcessGroup() {
     std::lock_guard<std::mutex> lock(liveGroupsMutex);
     liveGroups().erase(this);
   }
-  watchdog_->stop();
-  // Destroying a communicator waits for its kernels, which a dead peer never ends: after a
-  // fault, or with ops unfinished, the communicators are aborted instead. Only then do the
-  // ops' tensors go, and then the paths (each device finishes what its streams hold).
-  if (watchdog_->mustAbortAtTeardown()) {
-    watchdog_->abortCommunicators();
+  shutdown();
+}
+
+void ProcessGroup::close() {
+  shutDown_.store(true, std::memory_order_release);  // later calls raise
+  if (coalescing_) {
+    LOG(WARNING) << who() << " shut down with a coalescing group still open: its "
+                 << coalescing_->steps.size() << " op(s) were never launched";
+    coalescing_.reset();
   }
-  watchdog_->releaseAll();
+  // Finishing what was issued, as gloo and the built-in nccl do: every rank's results are
+  // complete before the communicators go. Bounded by the group's timeout, like every op.
+  const auto deadline = Watchdog::Clock::now() + options_->timeout;
+  const bool finished = watchdog_->finish(deadline);
+  const auto unfinished = watchdog_->unfinished();
+  if (!finished && !health_->broken()) {
+    // Past the timeout: the ranks are no longer in step. Breaking the group fails these ops
+    // (with the evidence dumped) and aborts the communicators, which a peer that never comes
+    // would otherwise keep waiting forever.
+    breakGroupAtTeardown(unfinished);
+  }
+  watchdog_->stop();
+  if (health_->broken()) {
+    LOG(WARNING) << who() << " destroyed after it broke: its communicators were aborted";
+    watchdog_->abortCommunicators();
+  } else {
+    for (const auto& why : watchdog_->closeCommunicators(deadline)) {
+      LOG(ERROR) << who() << " " << why;
+    }
+  }
+  // Failed ops wait for their end, which the aborts let pass; a few seconds at most.
+  const auto grace = std::min(deadline, Watchdog::Clock::now() + std::chrono::seconds(10));
+  if (const size_t kept = watchdog_->releaseAll(std::max(grace, Watchdog::Clock::now()))) {
+    LOG(ERROR) << who() << " " << kept << " failed op(s) still had kernels queued after the "
+               << "abort: their tensors are kept for good rather than freed under them";
+  }
+  // Each device finishes what its streams hold (the host's workers have nothing left).
   anySourceLanes_.clear();
   lanes_.clear();
   paths_.clear();
+}
+
+void ProcessGroup::breakGroupAtTeardown(const std::vector<std::string>& unfinished) {
+  const std::string ops = c10::Join(", ", unfinished);
+  auto error = makeDistBackendError(who() + " destroyed with " + std::to_string(unfinished.size()) +
+                                    " op(s) unfinished after the group's timeout of " +
+                                    std::to_string(options_->timeout.count()) + " ms (" + ops +
+                                    "): aborting its communicators instead of finishing them");
+  watchdog_->breakGroup(groupInfo(), error);
 }
 
 OpInfo ProcessGroup::groupInfo() const {
@@ -134,6 +164,10 @@ auto ProcessGroup::openOrRefuse(const char* op, const c10::Device& device, Open 
 void ProcessGroup::refuseIfBroken(const char* op) const {
   if (health_->broken()) {
     health_->raiseIfBroken(groupInfo(), op);  // rather than open a path the group cannot use
+  }
+  if (shutDown_.load(std::memory_order_acquire)) {
+    throwDistBackendError(who() + " " + op +
+                          ": the group was shut down (destroy_process_group); create a new one");
   }
 }
 
@@ -180,9 +214,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
   for (const auto& [type, factory] : factories_) {
     factories.emplace(type, factory->split(store, ranks));
   }
+  // The subgroup's debug checks meet through its own store.
   auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),
                                                  static_cast<int>(ranks.size()), options,
-                                                 std::move(factories));
+                                                 std::move(factories), store);
   std::vector<int> globalRanks;
   for (const int rank : ranks) {
     globalRanks.push_back(globalRanks_.at(rank));
@@ -256,7 +291,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
   if (group.path == nullptr) {
     group.path = &path;
     group.outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
-                                                futureDevices(path.device->device()));
+                                                path.device->futureDevices());
   }
   STREAMNCCL_CHECK_ARG(group.path == &path, launch.op, "tensors on ", path.device->device(),
                        " cannot join a coalesced group on ", group.path->device->device(),
@@ -366,9 +401,10 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
               launch.shapeOf.scalar_type()};
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
   info.traceId = trace(launch, timeout);
+  info.path = path.description;
   if (!outcome) {
     outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
-                                          futureDevices(device.device()));
+                                          device.futureDevices());
   }
   auto work =
       c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
@@ -383,15 +419,24 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   injectTestFault(info, steps);
 
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
-  // The task holds its communicator and tensors until it has run, whatever the caller drops.
-  // A failure in it breaks the group: its ranks can no longer be assumed in step.
-  auto task = [outcome, info, steps = std::move(steps), communicator = path.communicator,
-               outputs = launch.outputs, opStream, watchdog = watchdog_, group = groupInfo()]() {
+  // Shared with the Work of a captured op, whose replays use the temporaries its steps hold.
+  auto held = std::make_shared<const Steps>(std::move(steps));
+  // Where the task runs when its stream reaches it (the host), its running is the op's start;
+  // on CUDA it runs at issue, and the start is the start event's (the watchdog's to see).
+  const bool startsWithTask = device.tasksRunInStreamOrder();
+  // The task holds its communicator, device and tensors until it has run, whatever the caller
+  // drops. A failure in it breaks the group: its ranks can no longer be assumed in step.
+  auto task = [outcome, info, held, communicator = path.communicator, device = path.device,
+               outputs = launch.outputs, opStream, watchdog = watchdog_, group = groupInfo(),
+               startsWithTask]() {
     try {
-      watchdog->health().recorder().started(info.traceId);
-      steps.issue(*communicator, opStream);
-      if (steps.finish) {
-        steps.finish();
+      if (startsWithTask) {
+        watchdog->health().recorder().started(info.traceId);
+      }
+      Kernels kernels(*device);
+      held->issue(*communicator, kernels, opStream);
+      if (held->finish) {
+        held->finish(kernels);
       }
       outcome->succeed(outputs);  // completed is recorded when its end event has passed
     } catch (...) {
@@ -422,6 +467,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
       std::rethrow_exception(failure);
     }
     if (captured) {
+      // On the caller's stream, like everything it uses: nothing to hold for the replays.
       return work;
     }
     // Its end is marked for the watchdog, so that a sync op stuck on the caller's stream
@@ -445,15 +491,17 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   device.enqueue(opStream, std::move(task));
   auto end = timed ? device.createTimedEvent() : device.createEvent();
   end->record(opStream);
-  if (captured) {
-    // The graph's own memory pool keeps its tensors; wait() still joins the caller's stream.
-    work->setEnd(std::move(end), {}, /*joinOnWait=*/true);
-    work->markCaptured();
-    return work;
-  }
   std::vector<at::Tensor> inUse = std::move(launch.inputs);
   inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
   work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);
+  if (captured) {
+    // The graph's kernels use the tensors, the factor and the temporaries at every replay; on
+    // the internal stream, unordered with later work on the caller's stream until wait()
+    // joins them. So the Work holds them all until then (the group, if it is never waited).
+    work->markCaptured(held);
+    watchdog_->trackCaptured(work);
+    return work;
+  }
   watchdog_->track(work);
   return work;
 }
@@ -502,13 +550,14 @@ void ProcessGroup::injectTestFault(const OpInfo& info, Steps& steps) const {
   }
   auto issue = std::move(steps.issue);
   if (fault->fail) {
-    steps.issue = [](Communicator&, c10::Stream) {
+    steps.issue = [](Communicator&, Kernels&, c10::Stream) {
       throwDistBackendError("injected fault (STREAMNCCL_TEST_FAULT)");
     };
   } else {
-    steps.issue = [issue, delay = fault->delay](Communicator& comm, c10::Stream stream) {
+    steps.issue = [issue, delay = fault->delay](Communicator& comm, Kernels& kernels,
+                                                c10::Stream stream) {
       std::this_thread::sleep_for(delay);
-      issue(comm, stream);
+      issue(comm, kernels, stream);
     };
   }
 }
@@ -533,17 +582,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
     return c10d::Work::create_from_future(done);
   }
   const at::Tensor shapeOf = group.inputs.empty() ? group.outputs.front() : group.inputs.front();
-  Steps combined{[steps = group.steps](Communicator& comm, c10::Stream stream) {
+  Steps combined{[steps = group.steps](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                    CommunicatorGroup group(comm);
                    for (const auto& step : steps) {
-                     step.issue(comm, stream);
+                     step.issue(comm, kernels, stream);
                    }
                    group.end();
                  },
-                 [steps = group.steps]() {
+                 [steps = group.steps](Kernels& kernels) {
                    for (const auto& step : steps) {
                      if (step.finish) {
-                       step.finish();
+                       step.finish(kernels);
                      }
                    }
                  }};
@@ -591,7 +640,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
   // barrier() is a host synchronisation point even where collectives are stream-ordered.
   const c10::Device device = barrierDevice(opts);
   Path& path = pathFor(device, op);
-  const at::Tensor token = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
+  Kernels callers(*path.device);
+  const at::Tensor token = callers.zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
   return launch({op,
                  c10d::OpType::BARRIER,
                  token,
@@ -601,7 +651,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
                  opts.timeout,
                  /*blockHostOnWait=*/true},
                 path,
-                {[token](Communicator& comm, c10::Stream stream) {
+                {[token](Communicator& comm, Kernels&, c10::Stream stream) {
                    comm.allReduce(token, token, ReduceKind::Sum, stream);
                  },
                  nullptr});

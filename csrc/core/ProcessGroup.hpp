@@ -3,6 +3,7 @@
 #include "core/FlightRecorder.hpp"
 #include "core/GroupHealth.hpp"
 #include "core/GroupStats.hpp"
+#include "core/Kernels.hpp"
 #include "core/OnceMap.hpp"
 #include "core/Options.hpp"
 #include "core/Path.hpp"
@@ -52,11 +53,14 @@ class ProcessGroup final : public c10d::Backend {
   // Breaks the group at once: in-flight ops fail, communicators are aborted, and every later
   // call raises. Returns without waiting for anything.
   void abort() override;
-  // Stops the watchdog thread (idempotent; destruction does it too). Python calls it at exit
-  // for groups still alive then: a thread that releases tensors needs the GIL, which a
-  // finalizing interpreter no longer gives.
+  // Ends the group, as destroy_process_group() does (and the group's destruction, and Python's
+  // exit for groups still alive then): the ops in flight are finished first, up to the group's
+  // timeout, then the communicators are closed in order (NCCL: finalized, then destroyed).
+  // Only a broken group, or ops still unfinished at the timeout, aborts them instead, and says
+  // so in the log. Later calls raise. Idempotent; returns once the group's threads are done.
   void shutdown() override;
-  // shutdown() of every group alive in this process.
+  // shutdown() of every group alive in this process (at exit, before the interpreter
+  // finalizes: a thread that releases tensors needs the GIL, which it then no longer gives).
   static void shutdownAll();
   // Every live group counts its ops whose end has passed as ended, so that a dump of the
   // flight recorder does not show a waited-for op as still running.
@@ -149,11 +153,12 @@ class ProcessGroup final : public c10d::Backend {
 
  private:
   // One op's work on its stream. `issue` makes the communicator calls (inside a group when
-  // coalesced); `finish` then copies results where the caller wants them, after the calls in
-  // stream order. Both run inside the op's enqueued task.
+  // coalesced), with the kernels that prepare their buffers; `finish` then copies results
+  // where the caller wants them, after the calls in stream order. Both run inside the op's
+  // enqueued task, and issue every ATen kernel through the Kernels they are given.
   struct Steps {
-    std::function<void(Communicator&, c10::Stream)> issue;
-    std::function<void()> finish;
+    std::function<void(Communicator&, Kernels&, c10::Stream)> issue;
+    std::function<void(Kernels&)> finish;
   };
 
   struct Launch {
@@ -188,8 +193,12 @@ class ProcessGroup final : public c10d::Backend {
   // The lane every recv from any source on `device` runs on.
   Path& anySourceLaneFor(const c10::Device& device, const char* op);
   PathFactory& factoryFor(const c10::Device& device, const char* op) const;
-  // Raises the cause at once if the group is broken (one atomic read otherwise).
+  // Raises the cause at once if the group is broken or shut down (atomic reads otherwise).
   void refuseIfBroken(const char* op) const;
+  // shutdown()'s work, run once (see shutdown()).
+  void close();
+  // At close(): the ops in `unfinished` did not end within the timeout.
+  void breakGroupAtTeardown(const std::vector<std::string>& unfinished);
   // Runs a factory's opening of a path for `op`: a reason the device cannot be used becomes a
   // bad argument, a fault while connecting breaks the group. Each communicator opened is
   // watched (and aborted with the group) from the moment it exists.
@@ -258,6 +267,8 @@ class ProcessGroup final : public c10d::Backend {
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};
+  std::once_flag closed_;
+  std::atomic<bool> shutDown_{false};
   // Coalescing is per calling thread's program order, like every op of a group.
   std::optional<Coalesced> coalescing_;
 

@@ -2,14 +2,38 @@
 
 #include "core/Errors.hpp"
 
+#include <c10/util/Logging.h>
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
+#include <iterator>
 
 namespace streamnccl {
 namespace {
 
 constexpr auto kPeriod = std::chrono::milliseconds(50);
+
+// Moves the elements of `from` for which `take` holds to the end of `to`, keeping the order
+// of both; moved, never copied, so that no reference is dropped here.
+template <typename Take>
+void moveWhere(std::vector<c10::intrusive_ptr<Work>>& from,
+               std::vector<c10::intrusive_ptr<Work>>& to, Take take) {
+  auto kept = from.begin();
+  for (auto& work : from) {
+    if (take(*work)) {
+      to.push_back(std::move(work));
+    } else {
+      *kept++ = std::move(work);
+    }
+  }
+  from.erase(kept, from.end());
+}
+
+void append(std::vector<c10::intrusive_ptr<Work>>& to,
+            std::vector<c10::intrusive_ptr<Work>>& from) {
+  to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+  from.clear();
+}
 
 }  // namespace
 
@@ -49,7 +73,15 @@ void Watchdog::loop() {
   std::unique_lock<std::mutex> lock(stopMutex_);
   while (!wake_.wait_for(lock, kPeriod, [&] { return stopping_; })) {
     lock.unlock();
-    check();
+    // Nothing may escape this thread: an exception here would end the process without a
+    // word. Whatever goes wrong breaks the group instead, with the evidence.
+    try {
+      check();
+    } catch (...) {
+      breakGroup(describeGroup_(),
+                 makeDistBackendError(describeGroup_().who() +
+                                      " watchdog: " + describeException(std::current_exception())));
+    }
     lock.lock();
   }
 }
@@ -66,62 +98,121 @@ void Watchdog::watch(std::shared_ptr<Communicator> communicator) {
 }
 
 void Watchdog::track(c10::intrusive_ptr<Work> work) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!brokenReason_.empty()) {
-    // Launched while the group was being broken: its kernel may have been aborted too.
-    work->fail(brokenReason_);
-    retire(*work);
-    done_.push_back(std::move(work));
-    return;
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (brokenReason_.empty()) {
+      inFlight_.push_back(std::move(work));
+      return;
+    }
+    broken = brokenReason_;
   }
-  inFlight_.push_back(std::move(work));
+  // Launched while the group was being broken: its kernel may have been aborted too. Failed
+  // without the lock: failing runs the future's callbacks.
+  work->fail(broken);
+  retire(*work);
+  std::lock_guard<std::mutex> lock(mutex_);
+  failedRunning_.push_back(std::move(work));
 }
 
-void Watchdog::collectCompleted() {
-  auto done = std::stable_partition(inFlight_.begin(), inFlight_.end(),
-                                    [](const auto& work) { return !work->isCompleted(); });
-  for (auto work = done; work != inFlight_.end(); ++work) {
-    retire(**work);
-    done_.push_back(std::move(*work));
+void Watchdog::trackCaptured(c10::intrusive_ptr<Work> work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  captured_.push_back(std::move(work));
+}
+
+void Watchdog::collectEnded(Works& faulted) {
+  auto endedOrFaulted = [&](Works& from) {
+    auto kept = from.begin();
+    for (auto& work : from) {
+      if (work->pollStarted()) {
+        health_->recorder().started(work->info().traceId);
+      }
+      switch (work->pollEnd()) {
+        case Work::EndState::Pending:
+          *kept++ = std::move(work);
+          break;
+        case Work::EndState::Passed:
+          retire(*work);
+          ended_.push_back(std::move(work));
+          break;
+        case Work::EndState::DeviceError:
+          faulted.push_back(std::move(work));
+          break;
+      }
+    }
+    from.erase(kept, from.end());
+  };
+  endedOrFaulted(inFlight_);
+  endedOrFaulted(failedRunning_);
+  moveWhere(captured_, ended_, [](Work& work) { return work.joined(); });
+}
+
+void Watchdog::settle(Works& faulted) {
+  std::exception_ptr fault;
+  for (auto& work : faulted) {
+    work->failWithDeviceError();
+    retire(*work);
+    if (!fault) {
+      fault = work->exception();
+    }
   }
-  inFlight_.erase(done, inFlight_.end());
+  if (!faulted.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    append(ended_, faulted);  // their device runs nothing more: nothing uses their memory
+  }
+  {
+    std::lock_guard<std::mutex> lock(timingFaultMutex_);
+    if (!fault) {
+      fault = std::exchange(timingFault_, nullptr);
+    }
+  }
+  if (fault) {
+    const OpInfo group = describeGroup_();
+    breakGroup(group, makeDistBackendError(group.who() + " " + describeException(fault)));
+  }
 }
 
 void Watchdog::releaseCompleted() {
-  std::vector<c10::intrusive_ptr<Work>> released;
+  Works faulted;
+  Works released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    collectCompleted();
-    released.swap(done_);
+    collectEnded(faulted);
+    released.swap(ended_);
   }
-  // `released` goes here, outside the lock, with its tensors.
+  settle(faulted);
+  for (auto& work : released) {
+    work->releaseTensors();
+  }
+  // `released` goes here, with the last references the group held.
 }
 
 void Watchdog::check() {
-  std::vector<c10::intrusive_ptr<Work>> expired;
+  Works faulted;
+  Works expired;
   std::vector<std::shared_ptr<Communicator>> communicators;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    collectCompleted();  // recorded now; released by the next caller that launches or waits
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& work : inFlight_) {
-      if (now > work->deadline()) {
-        expired.push_back(work);
-      }
-    }
+    collectEnded(faulted);  // recorded now; released by the next caller that launches or waits
+    const auto now = Clock::now();
+    moveWhere(inFlight_, expired, [&](Work& work) { return now > work.deadline(); });
     communicators = liveCommunicators(/*locked=*/true);
   }
-  for (const auto& work : expired) {
-    const std::string reason =
-        "timed out after " + std::to_string(work->timeout().count()) + " ms (streamnccl watchdog)";
-    work->fail(reason);
-    retire(*work);
-    breakGroup(work->info(), work->exception());
-  }
+  settle(faulted);
   if (!expired.empty()) {
-    // Released on a caller's thread like every other op, never here.
-    std::lock_guard<std::mutex> lock(mutex_);
-    done_.insert(done_.end(), expired.begin(), expired.end());
+    for (auto& work : expired) {
+      const std::string& path = work->info().path;
+      work->fail("timed out after " + std::to_string(work->timeout().count()) +
+                 " ms (streamnccl watchdog)" + (path.empty() ? "" : " on the " + path));
+      retire(*work);
+    }
+    const OpInfo first = expired.front()->info();
+    const std::exception_ptr error = expired.front()->exception();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      append(failedRunning_, expired);  // let go once their end has passed
+    }
+    breakGroup(first, error);
   }
   for (const auto& communicator : communicators) {
     if (std::string error = communicator->asyncError(); !error.empty()) {
@@ -133,25 +224,34 @@ void Watchdog::check() {
 }
 
 void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error) {
-  if (!health_->breakWith(group, error)) {
+  bool broke = false;
+  try {
+    broke = health_->breakWith(group, error);
+  } catch (const std::exception& e) {  // the evidence failed to write: the group still breaks
+    LOG(ERROR) << group.who() << " breaking the group: " << e.what();
+    broke = true;
+  }
+  if (!broke) {
     return;
   }
   const std::string reason = "the group broke: " + describeException(error);
-  std::vector<c10::intrusive_ptr<Work>> failing;
+  Works failing;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failing.swap(inFlight_);
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
   }
-  for (const auto& work : failing) {
+  for (auto& work : failing) {
     work->fail(reason);
     retire(*work);
   }
+  {
+    // Their kernels after the communicator's still run once it is aborted: they are let go
+    // once their end has passed (collectEnded()).
+    std::lock_guard<std::mutex> lock(mutex_);
+    append(failedRunning_, failing);
+  }
   abortCommunicators();
-  // Only now, with their kernels stopped, may the failed ops' tensors go (on a caller's
-  // thread, by releaseCompleted()).
-  std::lock_guard<std::mutex> lock(mutex_);
-  done_.insert(done_.end(), failing.begin(), failing.end());
 }
 
 void Watchdog::retire(Work& work) {
@@ -159,7 +259,13 @@ void Watchdog::retire(Work& work) {
     return;
   }
   if (work.isSuccess()) {
-    const auto duration = work.durationMs();
+    std::optional<double> duration;
+    try {
+      duration = work.durationMs();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(timingFaultMutex_);
+      timingFault_ = std::current_exception();  // reported by settle()
+    }
     health_->recorder().completed(work.info().traceId, duration);
     stats_->ended(work.retrieveOpType(), /*succeeded=*/true, duration);
   } else {
@@ -179,9 +285,62 @@ void Watchdog::abortCommunicators() {
       communicators = liveCommunicators(/*locked=*/true);
     }
     for (const auto& communicator : communicators) {
-      communicator->abort();
+      try {
+        communicator->abort();
+      } catch (const std::exception& e) {  // the others must still be aborted
+        LOG(ERROR) << describeGroup_().who() << " aborting a communicator failed: " << e.what();
+      }
     }
   });
+}
+
+bool Watchdog::finish(Clock::time_point deadline) {
+  auto pause = std::chrono::microseconds(100);
+  while (!health_->broken()) {
+    Works faulted;
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      collectEnded(faulted);
+      done = inFlight_.empty() && faulted.empty();
+    }
+    if (!faulted.empty()) {
+      settle(faulted);
+      continue;
+    }
+    if (done) {
+      return true;
+    }
+    if (Clock::now() >= deadline) {
+      return false;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+  }
+  return false;
+}
+
+std::vector<std::string> Watchdog::unfinished() {
+  std::vector<std::string> ops;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& work : inFlight_) {
+    ops.push_back(std::string(work->info().name) + " #" + std::to_string(work->info().seq));
+  }
+  return ops;
+}
+
+std::vector<std::string> Watchdog::closeCommunicators(Clock::time_point deadline) {
+  std::vector<std::string> aborted;
+  for (const auto& communicator : liveCommunicators()) {
+    try {
+      if (std::string why = communicator->close(deadline); !why.empty()) {
+        aborted.push_back(std::move(why));
+      }
+    } catch (const std::exception& e) {
+      aborted.push_back(e.what());
+    }
+  }
+  return aborted;
 }
 
 void Watchdog::stopConnecting() {
@@ -204,21 +363,43 @@ std::vector<std::shared_ptr<Communicator>> Watchdog::liveCommunicators(bool lock
   return live;
 }
 
-void Watchdog::releaseAll() {
-  std::vector<c10::intrusive_ptr<Work>> released;
-  std::lock_guard<std::mutex> lock(mutex_);
-  released.swap(inFlight_);
-  released.insert(released.end(), done_.begin(), done_.end());
-  done_.clear();
-}
-
-bool Watchdog::mustAbortAtTeardown() {
-  if (health_->broken()) {
-    return true;
+size_t Watchdog::releaseAll(Clock::time_point deadline) {
+  // Failed ops are let go once their end has passed; the aborts have stopped what held it up.
+  auto pause = std::chrono::microseconds(100);
+  while (true) {
+    Works faulted;
+    bool waiting = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      collectEnded(faulted);
+      waiting = !failedRunning_.empty();
+    }
+    if (!faulted.empty()) {
+      settle(faulted);
+    }
+    if (!waiting || Clock::now() >= deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  collectCompleted();
-  return !inFlight_.empty();
+  Works released;
+  size_t kept = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    append(released, inFlight_);
+    append(released, ended_);
+    append(released, captured_);
+    kept = failedRunning_.size();
+    // Kept for good: freeing memory that a kernel still uses would corrupt what the caching
+    // allocator hands out next.
+    static auto* leaked = new Works();  // never destroyed
+    append(*leaked, failedRunning_);
+  }
+  for (auto& work : released) {
+    work->releaseTensors();
+  }
+  return kept;
 }
 
 }  // namespace streamnccl

@@ -1,26 +1,35 @@
 #pragma once
 
-// How a group watches its ops and how it ends on the first fault. Shared by the group, the
-// tasks of its ops and their Works, which may outlive the group by a moment.
+// How a group watches its ops, how it ends on the first fault, and how it ends at its
+// destruction. Shared by the group, the tasks of its ops and their Works, which may outlive
+// the group by a moment.
 //
 // Every op's Work is tracked from launch until its end event has passed (the Work holds the
-// op's tensors meanwhile, Device.hpp rule 5). A thread looks at them every period: completed
-// ones are recorded, and handed back to be released on a caller's thread (releasing a tensor
-// may need the GIL, and CUDA memory the caller's device); one past its deadline breaks the
-// group, and so does an asynchronous error of any communicator.
+// op's tensors meanwhile, Device.hpp rule 5). A thread looks at them every period: those whose
+// end has passed are recorded and handed back, to let go of their tensors on a caller's thread
+// (releasing a tensor may need the GIL, and CUDA memory the caller's device); one past its
+// deadline breaks the group, and so does an asynchronous error of any communicator, or a
+// device error met looking at an event. The thread never drops the last reference to a Work
+// (it only moves them between its lists) and never fails one with its lock held (failing runs
+// the future's callbacks, which may call back into the group).
 //
 // Breaking the group, from whichever fault (a timeout, a failed op, a failed connection, a
-// debug-check mismatch, wait(timeout), abort()), is one procedure, run once: the group is
-// marked broken with the cause (later calls raise it at once) and its flight recorder dumped;
-// every op in flight fails; every communicator is aborted, so that peers and queued kernels
-// stop instead of waiting forever; only then are the failed ops' tensors let go, since until
-// the abort has returned their kernels may still be using them.
+// debug-check mismatch, a device error, wait(timeout), abort()), is one procedure, run once:
+// the group is marked broken with the cause (later calls raise it at once) and its flight
+// recorder dumped; every op in flight fails; every communicator is aborted, so that peers and
+// queued kernels stop instead of waiting forever; the failed ops' tensors go only once their
+// end has passed, since the kernels after the communicator's (copy-backs, divisions) still run.
+//
+// At the group's end (finish() and close()) the ops in flight are waited for, up to the
+// group's timeout, and the communicators then closed in order; only a broken group, or ops
+// still unfinished at the timeout, abort them instead.
 
 #include "core/Communicator.hpp"
 #include "core/GroupHealth.hpp"
 #include "core/GroupStats.hpp"
 #include "core/Work.hpp"
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -32,6 +41,8 @@ namespace streamnccl {
 
 class Watchdog : public std::enable_shared_from_this<Watchdog> {
  public:
+  using Clock = std::chrono::steady_clock;
+
   // `describeGroup` names the group in the watchdog's own messages; it is called only until
   // stop().
   // `stats`: where each op's end is counted.
@@ -42,7 +53,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Stops the thread (idempotent). Called before the group goes, and at interpreter exit.
+  // Stops the thread (idempotent). Called at the group's end, after finish().
   void stop();
 
   GroupHealth& health() { return *health_; }
@@ -52,31 +63,49 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   void watch(std::shared_ptr<Communicator> communicator);
   // Keeps `work` (and its tensors) until its end event has passed or the group has broken.
   void track(c10::intrusive_ptr<Work> work);
-  // Lets go of the ops that are done, on the calling thread.
+  // Keeps a captured op's Work, which holds what its replays use, until wait() has joined it
+  // or the group ends: a Work dropped unwaited still holds them.
+  void trackCaptured(c10::intrusive_ptr<Work> work);
+  // Lets go of the ops whose end has passed, on the calling thread.
   void releaseCompleted();
 
   // Breaks the group with `error` (see above); `group` names it. Any thread; only the first
   // call does anything.
   void breakGroup(const OpInfo& group, std::exception_ptr error);
 
-  // At the group's end: true when its communicators must be aborted rather than destroyed,
-  // because the group broke or ops have not completed (destroying a communicator waits for
-  // its kernels, which a dead peer would never end).
-  bool mustAbortAtTeardown();
+  // At the group's end: waits until every op in flight has ended, the group breaks, or
+  // `deadline` passes. True when every op ended (and the group is not broken).
+  bool finish(Clock::time_point deadline);
+  // The ops still in flight, described, for the message of a teardown that gives up.
+  std::vector<std::string> unfinished();
   void abortCommunicators();
-  // Lets go of every op still held, completed or not (at the group's end, after any abort).
-  void releaseAll();
-  // Every communicator still connecting gives up (at interpreter exit).
+  // Closes every communicator in order (Communicator::close), each by `deadline`; returns
+  // what had to be aborted instead, one line each.
+  std::vector<std::string> closeCommunicators(Clock::time_point deadline);
+  // Lets go of every op still held, at the group's end, after its communicators closed or
+  // were aborted. A failed op whose end has not passed by `deadline` keeps its tensors for
+  // good (returned: how many), rather than free memory its kernels may still use.
+  size_t releaseAll(Clock::time_point deadline);
+  // Every communicator still connecting gives up.
   void stopConnecting();
 
  private:
+  using Works = std::vector<c10::intrusive_ptr<Work>>;
+
   Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
            std::function<OpInfo()> describeGroup);
   void loop();
   void check();
-  // Moves the completed ops of inFlight_ to done_. With mutex_ held.
-  void collectCompleted();
-  // Counts the op's end, completed or failed, once: in the flight recorder and the stats.
+  // With mutex_ held: moves the ops whose end has passed (in flight, or failed and waiting for
+  // it) to ended_, and marks started ones in the flight recorder. Those whose event query met
+  // a device error move to `faulted` instead, to be failed without the lock (settle()).
+  void collectEnded(Works& faulted);
+  // Without the lock: fails the `faulted` ops, puts them with the ended ones, and breaks the
+  // group with the first fault (a device error, or a timing read that failed). Does nothing
+  // when there is none.
+  void settle(Works& faulted);
+  // Counts the op's end, completed or failed, once: in the flight recorder and the stats. A
+  // device error reading its duration is kept in timingFault_.
   void retire(Work& work);
   // The group's communicators still alive, taken with mutex_ held (the caller holds it when
   // `locked`), to be called into without it: a call may take long (abort, asyncError).
@@ -87,12 +116,19 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   const std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;
-  std::vector<c10::intrusive_ptr<Work>> inFlight_;
-  std::vector<c10::intrusive_ptr<Work>> done_;  // released by releaseCompleted()
+  Works inFlight_;       // end not yet passed
+  Works failedRunning_;  // failed from outside (timeout, break), end not yet passed
+  Works ended_;          // end passed: released by releaseCompleted()
+  Works captured_;       // captured, not yet joined
   std::vector<std::weak_ptr<Communicator>> communicators_;
   bool aborted_ = false;
   std::once_flag abortOnce_;
   std::string brokenReason_;  // set once the group is broken
+
+  // A device error reading a duration, not yet reported (retire() runs with and without
+  // mutex_ held, so it has a lock of its own).
+  std::mutex timingFaultMutex_;
+  std::exception_ptr timingFault_;
 
   std::mutex stopMutex_;
   std::condition_variable wake_;

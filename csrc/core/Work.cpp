@@ -54,10 +54,75 @@ void Work::fail(const std::string& reason) {
 void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait) {
   end_ = std::move(end);
   joinOnWait_ = joinOnWait;
+  std::lock_guard<std::mutex> lock(mutex_);
   inUse_ = std::move(inUse);
 }
 
-bool Work::isCompleted() { return captured_ || end_ == nullptr || end_->query(); }
+void Work::markCaptured(std::shared_ptr<const void> temporaries) {
+  captured_ = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  temporaries_ = std::move(temporaries);
+}
+
+Work::EndState Work::pollEnd() {
+  if (ended_.load(std::memory_order_acquire)) {
+    return deviceError() ? EndState::DeviceError : EndState::Passed;
+  }
+  if (end_ == nullptr) {
+    ended_.store(true, std::memory_order_release);
+    return EndState::Passed;
+  }
+  try {
+    if (!end_->query()) {
+      return EndState::Pending;
+    }
+    ended_.store(true, std::memory_order_release);
+    return EndState::Passed;
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deviceError_ = std::current_exception();
+    }
+    ended_.store(true, std::memory_order_release);
+    return EndState::DeviceError;
+  }
+}
+
+bool Work::pollStarted() {
+  if (started_.load() || start_ == nullptr) {
+    return false;
+  }
+  try {
+    if (!start_->query()) {
+      return false;
+    }
+  } catch (...) {
+    return false;  // the end's query reports the device's error
+  }
+  return !started_.exchange(true);
+}
+
+std::exception_ptr Work::deviceError() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return deviceError_;
+}
+
+void Work::failWithDeviceError() {
+  if (auto error = deviceError()) {
+    outcome_->fail(info_, error);
+  }
+}
+
+bool Work::isCompleted() {
+  if (captured_) {
+    return true;
+  }
+  const EndState state = pollEnd();
+  if (state == EndState::DeviceError) {
+    failWithDeviceError();
+  }
+  return state != EndState::Pending;
+}
 
 bool Work::isSuccess() const { return outcome_->failure() == nullptr; }
 
@@ -65,40 +130,102 @@ std::exception_ptr Work::exception() const { return outcome_->failure(); }
 
 std::vector<at::Tensor> Work::result() { return outputs_; }
 
+void Work::refuseWaitInsideCapture(const c10::Stream& current) {
+  // CUDA refuses a captured stream's wait on an event recorded outside the capture
+  // (cudaErrorStreamCaptureIsolation), and the thread may not query events then: say what to
+  // do instead.
+  STREAMNCCL_CHECK_ARG(captured_ || !device_->isCapturing(current), info_.name, "wait() on op #",
+                       info_.seq,
+                       " inside a CUDA graph capture, but the op was launched before the "
+                       "capture began: a captured stream cannot wait for work outside the graph "
+                       "(cudaErrorStreamCaptureIsolation); wait() for it before the capture");
+}
+
+void Work::joinCurrentStream() {
+  if (!end_ || !joinOnWait_) {
+    return;
+  }
+  const c10::Stream current = device_->currentStream();
+  refuseWaitInsideCapture(current);
+  end_->block(current);
+}
+
 void Work::synchronize() {
-  if (end_ && joinOnWait_) {
-    end_->block(device_->currentStream());
+  joinCurrentStream();
+  if (captured_) {
+    joined_.store(true);
+    releaseTensors();
+  } else if (pollEnd() == EndState::Passed) {
+    releaseTensors();
   }
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) {
-  if (end_) {
-    if ((blockHostOnWait_ || timeout != kNoTimeout) && !captured_) {
-      const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
-      if (!end_->synchronize(limit)) {
-        // The ranks are no longer known to be in step: the group breaks, as at the watchdog's
-        // deadline, and its communicators are aborted rather than left waiting.
-        auto error =
-            makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
-                                 std::to_string(limit.count()) + " ms");
-        if (auto watchdog = watchdog_.lock()) {
-          watchdog->breakGroup(info_, error);
-        }
-        std::rethrow_exception(error);
-      }
+  try {
+    waitOrRaise(timeout);
+  } catch (const c10::ValueError&) {
+    throw;  // a wait() CUDA would refuse (refuseWaitInsideCapture)
+  } catch (const c10::DistError&) {
+    throw;  // the op's failure, or its timeout
+  } catch (const c10::Error&) {
+    // A CUDA error on the way (a sticky one fails every call): the op's device failed.
+    outcome_->fail(info_, std::current_exception());
+    std::rethrow_exception(outcome_->failure());
+  }
+  return true;
+}
+
+void Work::waitOrRaise(std::chrono::milliseconds timeout) {
+  if (!captured_) {
+    if (end_ && joinOnWait_) {
+      refuseWaitInsideCapture(device_->currentStream());  // before any query of its events
     }
-    // The caller's stream at the time of wait() joins the op; on CUDA the host goes on.
-    if (joinOnWait_) {
-      end_->block(device_->currentStream());
-    }
-    if (!captured_) {
-      releaseIfCompleted();
+    if (pollEnd() == EndState::DeviceError) {
+      // The device failed (a CUDA error looking at the op): nothing more is issued to it.
+      failWithDeviceError();
+      std::rethrow_exception(outcome_->failure());
     }
   }
+  if (end_ && !captured_ && (blockHostOnWait_ || timeout != kNoTimeout)) {
+    const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+    if (!waitForEnd(limit)) {
+      // The ranks are no longer known to be in step: the group breaks, as at the watchdog's
+      // deadline, and its communicators are aborted rather than left waiting.
+      auto error =
+          makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
+                               std::to_string(limit.count()) + " ms");
+      if (auto watchdog = watchdog_.lock()) {
+        watchdog->breakGroup(info_, error);
+      }
+      std::rethrow_exception(error);
+    }
+  }
+  // The caller's stream at the time of wait() joins the op; on CUDA the host goes on. The
+  // tensors go only once the op's end has passed: until then its kernels may still use them.
+  // A captured op's go once joined: later work on the caller's stream, in the graph too, then
+  // runs after the op.
+  synchronize();
   if (auto failure = outcome_->failure()) {
     std::rethrow_exception(failure);
   }
-  return true;
+}
+
+bool Work::waitForEnd(std::chrono::milliseconds limit) {
+  // In slices: an op that failed meanwhile (the watchdog's deadline, the group breaking) is
+  // reported at once, rather than after its end, which a stuck peer may never let pass.
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  constexpr auto kSlice = std::chrono::milliseconds(10);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (end_->synchronize(std::max(std::chrono::milliseconds(0), std::min(left, kSlice))) ||
+        outcome_->failure()) {
+      return true;
+    }
+    if (left <= std::chrono::milliseconds(0)) {
+      return false;
+    }
+  }
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() { return outcome_->future(); }
@@ -132,13 +259,15 @@ int Work::sourceRank() const {
   return sender;
 }
 
-bool Work::releaseIfCompleted() {
-  if (!isCompleted()) {
-    return false;
+void Work::releaseTensors() {
+  std::vector<at::Tensor> tensors;
+  std::shared_ptr<const void> temporaries;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tensors.swap(inUse_);
+    temporaries.swap(temporaries_);
   }
-  std::lock_guard<std::mutex> lock(inUseMutex_);
-  inUse_.clear();
-  return true;
+  // Dropped here, outside the lock: a tensor's last reference may run a Python deleter.
 }
 
 }  // namespace streamnccl

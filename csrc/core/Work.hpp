@@ -23,8 +23,9 @@ class OpOutcome {
  public:
   OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevices);
 
-  // Called by the task once it has issued the op's work: marks the future completed (on CUDA
-  // with the op's stream current, so the future's events follow the op).
+  // Called by the task once it has issued the op's work, its own kernels included: marks the
+  // future completed (on CUDA with the op's stream current, so the future's events follow the
+  // whole op).
   void succeed(const std::vector<at::Tensor>& outputs);
   void fail(const OpInfo& info, std::exception_ptr cause);
   // Whichever of succeed() and fail() comes first settles the future; a later fail() (the
@@ -42,7 +43,7 @@ class OpOutcome {
 };
 
 // The handle c10d returns to Python for one op. See the stream contract in Device.hpp for
-// what wait() does.
+// what wait() does, and what the Work holds for how long (rule 5).
 class Work : public c10d::Work {
  public:
   // `watchdog`: the group's, which a wait(timeout) that expires breaks.
@@ -51,20 +52,23 @@ class Work : public c10d::Work {
        std::chrono::milliseconds timeout, bool blockHostOnWait, std::weak_ptr<Watchdog> watchdog);
 
   // The event after the op on its stream, and every tensor the op touches, held until that
-  // event has completed. `joinOnWait`: wait() makes the caller's stream wait for `end`
-  // (async ops); a sync op's `end` is on the caller's stream already, and only watched.
+  // event has passed. `joinOnWait`: wait() makes the caller's stream wait for `end` (async
+  // ops); a sync op's `end` is on the caller's stream already, and only watched.
   void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait);
   // A timed op (Options::enableTiming): the event before it on its stream; `end` then times
   // against it.
   void setStart(std::unique_ptr<Event> start) { start_ = std::move(start); }
-  // The op was captured into a CUDA graph: it runs at each replay, so the host has nothing to
-  // wait for and its events cannot be queried; wait() only joins the caller's stream.
-  void markCaptured() { captured_ = true; }
+  // The op was captured into a CUDA graph: it runs at each replay, so its events cannot be
+  // queried and the host has nothing to wait for. Its tensors, and `temporaries` (what its
+  // kernels use besides them), are held until wait() has joined it to the caller's stream.
+  void markCaptured(std::shared_ptr<const void> temporaries);
+  bool captured() const { return captured_; }
 
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override;
+  // Makes the caller's current stream wait for the op (the host goes on).
   void synchronize() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -72,7 +76,7 @@ class Work : public c10d::Work {
   // Milliseconds from the op's start to its end on its stream; raises unless the op is timed
   // and has completed.
   float getDuration() const override;
-  // The same, or nullopt where getDuration() raises.
+  // The same, or nullopt where getDuration() raises. A device error reading the times raises.
   std::optional<double> durationMs() const;
   // True on the first call only: an op's end is counted once (stats, flight recorder).
   bool markRetired() { return !retired_.exchange(true); }
@@ -82,15 +86,39 @@ class Work : public c10d::Work {
     sender_ = std::move(sender);
   }
 
-  // Drops the tensors held for the op if it has completed; true if it has.
-  bool releaseIfCompleted();
-  // Fails the op from outside its task (the watchdog, at the deadline).
+  // What a look at the op's `end` found. Never throws and never runs callbacks (the watchdog
+  // calls it with its lock held): a device error querying the event (a CUDA error: the
+  // device can run nothing more) counts as the end, and is kept for failWithDeviceError().
+  enum class EndState { Pending, Passed, DeviceError };
+  EndState pollEnd();
+  // Whether the op's start event has passed (a timed op on a device whose tasks run before
+  // their ops start): the flight recorder then marks it started. Never throws.
+  bool pollStarted();
+  // Fails the op with the device error pollEnd() found, if it has not failed already.
+  void failWithDeviceError();
+  std::exception_ptr deviceError() const;
+  // Lets go of the tensors (and temporaries) held for the op. Only once its end has passed,
+  // or, captured, once wait() has joined it.
+  void releaseTensors();
+  // Whether a captured op has been joined by wait(), after which nothing of it is held.
+  bool joined() const { return joined_.load(); }
+  // Fails the op from outside its task (the watchdog, at the deadline; the group, breaking).
   void fail(const std::string& reason);
   const OpInfo& info() const { return info_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
  private:
+  // The caller's current stream joins the op (`end`); refused, with a clear error, where CUDA
+  // would refuse it (a capture waiting on work recorded outside it).
+  void joinCurrentStream();
+  // Refuses a wait() on this op from a stream being captured, unless the op is captured too.
+  void refuseWaitInsideCapture(const c10::Stream& current);
+  // Blocks the host until `end` has passed or the op has failed (true), or `limit` passes.
+  bool waitForEnd(std::chrono::milliseconds limit);
+  // wait()'s steps; raises the op's failure, and whatever the device raised.
+  void waitOrRaise(std::chrono::milliseconds timeout);
+
   const OpInfo info_;
   const std::shared_ptr<Device> device_;
   const std::shared_ptr<OpOutcome> outcome_;
@@ -106,9 +134,14 @@ class Work : public c10d::Work {
   std::unique_ptr<Event> start_;
   std::unique_ptr<Event> end_;
   bool joinOnWait_ = true;
+  std::atomic<bool> ended_{false};
+  std::atomic<bool> started_{false};
   std::atomic<bool> retired_{false};
-  std::mutex inUseMutex_;
+  std::atomic<bool> joined_{false};
+  mutable std::mutex mutex_;  // guards what follows
   std::vector<at::Tensor> inUse_;
+  std::shared_ptr<const void> temporaries_;
+  std::exception_ptr deviceError_;
 };
 
 }  // namespace streamnccl

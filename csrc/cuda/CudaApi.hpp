@@ -7,6 +7,8 @@
 // runtime and c10's per-thread current streams. It sets no device of its own: callers make
 // the device current with useDevice() wherever a call needs it.
 
+#include "core/Device.hpp"
+
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <cuda_runtime_api.h>
@@ -61,6 +63,16 @@ class CudaApi {
   virtual bool queryEvent(cudaEvent_t event) = 0;
   // cudaEventElapsedTime, with the events' device current: both made with timing, both passed.
   virtual float elapsedMs(cudaEvent_t start, cudaEvent_t end) = 0;
+
+  // The devices a future over tensors of `device` names, so that its then() callbacks are
+  // ordered after the work that completed it: the device itself. (The fake's tensors are CPU
+  // tensors, whose c10 futures can name no device: it notes the request instead.)
+  virtual std::vector<c10::Device> futureDevices(const c10::Device& device) = 0;
+
+  // An ATen kernel of the NCCL path (core/Kernels.hpp), issued on the calling thread's current
+  // stream: the runtime runs it, ATen enqueuing it there; the fake makes it a stream item.
+  virtual void launchKernel(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+                            c10::ArrayRef<at::Tensor> inputs, int64_t scalar) = 0;
 };
 
 }  // namespace streamnccl

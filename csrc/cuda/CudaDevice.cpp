@@ -58,7 +58,15 @@ class CaptureModeScope {
  public:
   explicit CaptureModeScope(CudaApi& cuda)
       : cuda_(cuda), previous_(cuda.exchangeCaptureMode(cudaStreamCaptureModeThreadLocal)) {}
-  ~CaptureModeScope() { cuda_.exchangeCaptureMode(previous_); }
+  // Never throws (a destructor): after a sticky CUDA error restoring fails too, and the
+  // error that matters is the one the scope's call raised.
+  ~CaptureModeScope() {
+    try {
+      cuda_.exchangeCaptureMode(previous_);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "streamnccl: restoring the thread's capture mode failed: " << e.what();
+    }
+  }
   CaptureModeScope(const CaptureModeScope&) = delete;
   CaptureModeScope& operator=(const CaptureModeScope&) = delete;
 
@@ -191,9 +199,13 @@ CudaEventPool::CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device, 
     : cuda_(std::move(cuda)), device_(device), timing_(timing) {}
 
 CudaEventPool::~CudaEventPool() {
-  auto onDevice = cuda_->useDevice(device_);
-  for (cudaEvent_t event : free_) {
-    cuda_->destroyEvent(event);
+  try {  // a destructor: after a sticky CUDA error the events go with the context
+    auto onDevice = cuda_->useDevice(device_);
+    for (cudaEvent_t event : free_) {
+      cuda_->destroyEvent(event);
+    }
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "streamnccl: destroying the events of " << device_ << " failed: " << e.what();
   }
 }
 
@@ -231,9 +243,16 @@ CudaDevice::~CudaDevice() {
   }
   // The runtime frees the stream once the work queued on it has run; a lane's gate may still
   // hold work for it, so the stream goes after that work.
+  // Never throws (a destructor): after a sticky CUDA error every call fails, and the stream
+  // goes with the context.
   auto destroy = [cuda = cuda_, device = device_, stream = *internal_] {
-    auto onDevice = cuda->useDevice(device);
-    cuda->destroyStream(stream);
+    try {
+      auto onDevice = cuda->useDevice(device);
+      cuda->destroyStream(stream);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "streamnccl: destroying an internal stream of " << device
+                   << " failed: " << e.what();
+    }
   };
   if (gate_) {
     gate_->pass(std::move(destroy));

@@ -66,6 +66,15 @@ class CudaDevice final : public Device {
   // Runs the task now, with this device and `stream` current, so that the NCCL calls and ATen
   // kernels it issues are enqueued on `stream` (on a gated internal stream: when it opens).
   void enqueue(c10::Stream stream, std::function<void()> task) override;
+  // A task only issues its op's kernels: the op starts when the stream reaches them.
+  bool tasksRunInStreamOrder() const override { return false; }
+  void launch(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+              c10::ArrayRef<at::Tensor> inputs, int64_t scalar) override {
+    cuda_->launchKernel(kernel, outputs, inputs, scalar);
+  }
+  // The op's future records its events on this device's current stream when it completes
+  // (inside the task: the op's stream), and a then() callback or wait() waits for them.
+  std::vector<c10::Device> futureDevices() const override { return cuda_->futureDevices(device_); }
   bool isCapturing(c10::Stream stream) override;
 
   // A lane's device: until `gate` opens (its communicator has connected), what is issued for

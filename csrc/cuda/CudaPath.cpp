@@ -4,6 +4,7 @@
 #include "cuda/NcclCommunicator.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace streamnccl {
 namespace {
@@ -56,6 +57,12 @@ PeerLanes CudaPathFactory::openPeer(const c10::Device& requested, int peer) {
                            "/" + std::to_string(number);
   // Each lane connects in the background; until it has, its stream's work waits in a gate, so
   // that this rank's first message to a peer never waits for that peer's own first contact.
+  // With one hardware queue the two lanes share one gate, opened once both have connected:
+  // their held-back ops then reach the queue in program order, as the peer's do, and not in
+  // the order the connections happened to finish (which could wait in a circle).
+  const bool oneQueue = options_->hasSingleHardwareQueue();
+  auto sharedGate = std::make_shared<StreamGate>();
+  auto connecting = std::make_shared<std::atomic<int>>(2);
   auto lane = [&](int from, int to) {
     auto device =
         std::make_shared<CudaDevice>(cuda_, requested, options_->useHighPriorityStreams());
@@ -66,12 +73,23 @@ PeerLanes CudaPathFactory::openPeer(const c10::Device& requested, int peer) {
                        rankName(rank_, size_, requested) + " lane " + std::to_string(from) + "->" +
                            std::to_string(to) + "]"},
         options_->timeout);
-    auto gate = std::make_shared<StreamGate>();
+    auto gate = oneQueue ? sharedGate : std::make_shared<StreamGate>();
     device->gateInternalStream(gate);
-    communicator->whenConnected([gate] { gate->open(); });
+    communicator->whenConnected([gate, connecting, oneQueue] {
+      if (!oneQueue || connecting->fetch_sub(1) == 1) {
+        gate->open();
+      }
+    });
     auto path = std::make_unique<Path>();
     path->device = std::move(device);
     path->communicator = std::move(communicator);
+    path->description = "lane " + std::to_string(from) + "->" + std::to_string(to);
+    if (oneQueue) {
+      path->description +=
+          ", which shares the device's one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1) "
+          "with every other stream, so it runs only in turn: a send and a recv that must "
+          "progress together need batch_isend_irecv";
+    }
     return path;
   };
   auto lowToHigh = lane(low, high);

@@ -102,6 +102,11 @@ class CudaRuntime final : public CudaApi {
     C10_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
     return ms;
   }
+  std::vector<c10::Device> futureDevices(const c10::Device& device) override { return {device}; }
+  void launchKernel(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+                    c10::ArrayRef<at::Tensor> inputs, int64_t scalar) override {
+    kernel.run(outputs, inputs, scalar);
+  }
 };
 
 }  // namespace

@@ -23,6 +23,9 @@ class NcclApi {
   // On the calling thread's current device, which becomes the communicator's.
   virtual ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                           ncclConfig_t* config) = 0;
+  // On a non-blocking communicator: returns ncclInProgress, and ncclCommGetAsyncError says
+  // ncclSuccess once the communicator's operations have completed on every member.
+  virtual ncclResult_t commFinalize(ncclComm_t comm) = 0;
   virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
   virtual ncclResult_t commAbort(ncclComm_t comm) = 0;
   virtual ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) = 0;

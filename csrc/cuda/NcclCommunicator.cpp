@@ -76,8 +76,8 @@ ncclRedOp_t ncclOp(ReduceKind kind) {
     case ReduceKind::PreMulSum:  // made per call, see ScopedRedOp
       break;
   }
-  TORCH_CHECK_VALUE(false, "streamnccl: reduce op ", toString(kind),
-                    " is not supported by NCCL (bitwise ops run on the host path only)");
+  // Refused at the call (reductionRefusal), before anything of the op was issued.
+  TORCH_INTERNAL_ASSERT(false, "streamnccl: reduce op ", toString(kind), " reached NCCL");
 }
 
 }  // namespace
@@ -149,7 +149,11 @@ int NcclCommunicator::commRank(int groupRank) const {
   return static_cast<int>(found - members_.begin());
 }
 
-std::string NcclCommunicator::reductionRefusal(at::ScalarType dtype) const {
+std::string NcclCommunicator::reductionRefusal(ReduceKind kind, at::ScalarType dtype) const {
+  if (kind == ReduceKind::BitAnd || kind == ReduceKind::BitOr || kind == ReduceKind::BitXor) {
+    return "NCCL has no bitwise reductions, so reduce op " + toString(kind) +
+           " is not supported on CUDA tensors (it is on CPU tensors, through the host path)";
+  }
   if (!ncclTypeOf(dtype)) {
     return "NCCL cannot reduce dtype " + std::string(c10::toString(dtype)) +
            ": it has no NCCL datatype (ops that only move data take every dtype)";

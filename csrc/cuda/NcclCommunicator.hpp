@@ -47,7 +47,7 @@ class NcclCommunicator final : public Communicator {
 
   bool supportsAvg(at::ScalarType dtype) const override;
   bool supportsPreMulSum(at::ScalarType dtype) const override;
-  std::string reductionRefusal(at::ScalarType dtype) const override;
+  std::string reductionRefusal(ReduceKind kind, at::ScalarType dtype) const override;
   void allReduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                  c10::Stream stream) override;
   void broadcast(const at::Tensor& input, const at::Tensor& output, int root,
@@ -64,6 +64,9 @@ class NcclCommunicator final : public Communicator {
   void waitReady() override { connection_->waitConnected(); }
   void stopConnecting() override { connection_->abandon(); }
   void abort() override { connection_->abort(); }
+  std::string close(std::chrono::steady_clock::time_point deadline) override {
+    return connection_->close(deadline);
+  }
   std::string asyncError() override { return connection_->asyncError(); }
 
  private:

@@ -45,15 +45,14 @@ NcclConnection::~NcclConnection() {
   if (comm_ == nullptr || aborted_) {
     return;
   }
-  auto onDevice = settings_.cuda->useDevice(settings_.device);
-  // Destroying waits for the communicator's work, which one that never connected may never
-  // finish (its init could be waiting on a peer): abort that one.
-  const bool connected = state_ == State::Connected;
-  const ncclResult_t result =
-      connected ? settings_.nccl->commDestroy(comm_) : settings_.nccl->commAbort(comm_);
-  if (result != ncclSuccess) {
-    LOG(WARNING) << who() << (connected ? " ncclCommDestroy" : " ncclCommAbort")
-                 << " failed: " << nccl().getErrorString(result);
+  // Its group closes it (ProcessGroup::shutdown): this is a communicator no group closed.
+  try {
+    if (std::string why = close(std::chrono::steady_clock::now() + settings_.timeout);
+        !why.empty()) {
+      LOG(WARNING) << who() << " " << why;
+    }
+  } catch (const std::exception& e) {  // a destructor: a CUDA error must not end the process
+    LOG(WARNING) << who() << " closing the communicator failed: " << e.what();
   }
 }
 
@@ -226,6 +225,9 @@ void NcclConnection::acquire(const char* call) {
   if (aborted_) {
     raise(std::string(call) + ": the communicator was aborted");
   }
+  if (closed_) {
+    raise(std::string(call) + ": the communicator was destroyed with its group");
+  }
   if (state_ == State::Failed) {
     std::rethrow_exception(failure_);
   }
@@ -289,6 +291,57 @@ void NcclConnection::abort() {
   }
 }
 
+std::string NcclConnection::close(std::chrono::steady_clock::time_point deadline) {
+  ncclComm_t comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_ || closed_) {
+      return {};
+    }
+    closed_ = true;  // no Use from now on
+    if (state_ == State::Connected) {
+      comm = comm_;
+      ++uses_;  // finalizing is a use that abort() waits for
+    }
+  }
+  if (comm == nullptr) {
+    // Still connecting (nobody will use it now), or never connected: nothing to flush.
+    abort();
+    return {};
+  }
+  std::string why;
+  {
+    auto onDevice = settings_.cuda->useDevice(settings_.device);
+    ncclResult_t result = nccl().commFinalize(comm);
+    try {
+      if (result == ncclSuccess || result == ncclInProgress) {
+        // Finalizing flushes the communicator's work on every member: polled, not blocked
+        // on, so that the deadline and abort() can end it.
+        result = pollUntilSettled(comm, "ncclCommFinalize", deadline);
+      }
+      if (result != ncclSuccess) {
+        why = std::string("ncclCommFinalize failed: ") + nccl().getErrorString(result);
+      }
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (why.empty()) {
+      result = nccl().commDestroy(comm);
+      if (result != ncclSuccess) {
+        LOG(WARNING) << who() << " ncclCommDestroy failed: " << nccl().getErrorString(result);
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      comm_ = nullptr;  // freed: abort() has nothing left to abort
+    }
+  }
+  endUse();
+  if (why.empty()) {
+    return {};
+  }
+  abort();
+  return why + ": aborted the communicator instead";
+}
+
 void NcclConnection::abandon() {
   bool connecting = false;
   {
@@ -304,7 +357,7 @@ std::string NcclConnection::asyncError() {
   ncclComm_t comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (state_ != State::Connected || aborted_) {
+    if (state_ != State::Connected || aborted_ || closed_) {
       return {};
     }
     ++uses_;

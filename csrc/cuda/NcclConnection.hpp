@@ -8,11 +8,15 @@
 // first sends would otherwise wait in a circle); a caller that needs the communicator waits
 // for it alone, and the group's timeout or abort() ends that wait.
 //
-// Every NCCL call is a Use: it waits until connected, is refused once aborted, and, since the
-// communicator is non-blocking, polls a call that returned ncclInProgress until it has
-// finished before anything else is issued (an event recorded earlier would pass before the
-// call's kernel). abort() waits for the Uses in progress to end (polling loops see the abort
-// at once) before ncclCommAbort frees the communicator, so no call ever uses a freed one.
+// Every NCCL call is a Use: it waits until connected, is refused once aborted or closed, and,
+// since the communicator is non-blocking, polls a call that returned ncclInProgress until it
+// has finished before anything else is issued (an event recorded earlier would pass before
+// the call's kernel). abort() waits for the Uses in progress to end (polling loops see the
+// abort at once) before ncclCommAbort frees the communicator, so no call ever uses a freed one.
+//
+// At the group's end close() ends it in order: ncclCommFinalize, polled until NCCL has
+// flushed the communicator's work on every member, then ncclCommDestroy; an abort only when
+// that does not finish by the deadline.
 
 #include "cuda/CudaApi.hpp"
 #include "cuda/NcclApi.hpp"
@@ -47,7 +51,7 @@ class NcclConnection {
 
   // Starts connecting, on a thread that keeps the connection alive until it has settled.
   static std::shared_ptr<NcclConnection> open(Settings settings);
-  // Destroys the communicator unless it was aborted (its owner aborts one still connecting).
+  // Closes the communicator (see close()) unless it was closed or aborted already.
   ~NcclConnection();
   NcclConnection(const NcclConnection&) = delete;
   NcclConnection& operator=(const NcclConnection&) = delete;
@@ -85,6 +89,10 @@ class NcclConnection {
 
   // Aborts the communicator (or the connecting) for good; returns without waiting for peers.
   void abort();
+  // Finalizes the communicator, waits until that is done (by `deadline`) and destroys it;
+  // aborts it instead when it does not finish in time, or fails, or is still connecting, and
+  // returns why then (empty otherwise).
+  std::string close(std::chrono::steady_clock::time_point deadline);
   // Its owner lets go: a connection still being made is aborted, since nobody will use it.
   void abandon();
   // The communicator's asynchronous error, described; empty when there is none (or it is not
@@ -116,7 +124,8 @@ class NcclConnection {
   bool settled_ = false;
   std::exception_ptr failure_;
   bool aborted_ = false;
-  ncclComm_t comm_ = nullptr;
+  bool closed_ = false;
+  ncclComm_t comm_ = nullptr;  // null again once destroyed
   int uses_ = 0;
   std::vector<std::function<void()>> whenSettled_;
   std::thread connector_;

@@ -13,6 +13,7 @@ class NcclLibrary final : public NcclApi {
                                   ncclConfig_t* config) override {
     return ncclCommInitRankConfig(comm, nranks, id, rank, config);
   }
+  ncclResult_t commFinalize(ncclComm_t comm) override { return ncclCommFinalize(comm); }
   ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
   ncclResult_t commAbort(ncclComm_t comm) override { return ncclCommAbort(comm); }
   ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) override {

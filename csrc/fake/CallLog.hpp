@@ -5,7 +5,6 @@
 // a GPU would enforce or break on (FakeGpu). Handles are named by creation: streams S0 (a
 // device's default stream) and S1.., events E1.., communicators C0.., PreMulSum ops R0..
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -46,10 +45,6 @@ class CallLog {
   void inProgressNext(std::string function, int polls);
   int takeInProgress(const std::string& function);
 
-  // While held, no event completes: the work recorded since looks stuck.
-  void holdEvents(bool held) { eventsHeld_ = held; }
-  bool eventsHeld() const { return eventsHeld_; }
-
  private:
   mutable std::mutex mutex_;
   std::vector<std::string> calls_;
@@ -57,7 +52,6 @@ class CallLog {
   std::vector<std::string> violations_;
   std::vector<std::string> failing_;
   std::map<std::string, int> inProgress_;
-  std::atomic<bool> eventsHeld_{false};
 };
 
 }  // namespace streamnccl::fake

@@ -2,30 +2,38 @@
 
 // Test-only. One rank's GPU as the fakes of CUDA and NCCL (RecordingCuda, RecordingNccl) see
 // it, so that the NCCL path runs on CPU tensors and the rules a real GPU would enforce, or
-// silently break on, are checked:
-//   - streams: work enqueued on a stream runs only when an event recorded after it is found
-//     complete (query or synchronize); a stream that waits on an event first runs the other
-//     stream up to it. While events are held nothing runs.
-//   - memory (FakeMemory): when an NCCL kernel runs, every buffer it reads or writes that was
-//     allocated on another stream must still be held; a grouped call's buffers must be held
-//     until ncclGroupEnd, when NCCL actually enqueues it.
+// silently break on, are checked (each one a model, FakeModels):
+//   - streams: work runs in stream order, on the GPU's own thread (FakeNcclWorld's engine),
+//     never before what it waits for; an event passes once its stream has run up to it. With
+//     one hardware queue, all streams run in issue order and blocked work holds up the rest.
+//   - kernels: the NCCL path's ATen kernels and NCCL kernels are stream items that read and
+//     write memory when they run; an NCCL kernel runs when its peers' matching kernels do.
+//   - memory (FakeMemory): every buffer a kernel uses must still be held when it runs, unless
+//     freed on the kernel's own stream (stream-ordered reuse is safe).
 //   - devices: each thread has a current device (none when it starts); a CUDA call on a
 //     thread without one makes a context on device 0, and every call is checked against the
 //     device of its stream, event or communicator.
-//   - capture: a stream can be captured into a graph (global or thread-local mode); streams
-//     that wait on its events join the capture; captured events cannot be queried; a query
-//     that the thread's capture mode prohibits invalidates the capture.
+//   - capture: a stream can be captured into a graph (global, thread-local or relaxed mode);
+//     streams that wait on its events join the capture; captured events cannot be queried; a
+//     query that the thread's capture mode prohibits invalidates the capture; a captured
+//     stream may not wait on work outside the capture; captured kernels keep their buffers,
+//     allocations come from the graph's private pool, and replays run the kernels again.
+//   - errors: CUDA calls can be made to fail, once or for good (a sticky error).
 // Broken rules are violations in the log (CallLog::takeViolations); calls the real runtime
-// would fail throw as it would.
+// would fail throw as it would. Everything here runs under the world's lock.
 
+#include "core/Device.hpp"
 #include "fake/CallLog.hpp"
-#include "fake/FakeMemory.hpp"
+#include "fake/FakeModels.hpp"
+#include "fake/FakeStreamItem.hpp"
 
 #include <c10/core/Device.h>
 #include <cuda_runtime_api.h>
 
+#include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -36,24 +44,31 @@
 
 namespace streamnccl::fake {
 
-using StreamId = int64_t;
-using EventId = int64_t;
+class FakeNcclWorld;
 
-// The memory an NCCL call reads or writes, as FakeMemory knew it at the call.
-struct Buffer {
-  const void* pointer = nullptr;
-  const char* role = "";  // "send", "recv", "scalar"
-  FakeMemory::Block atCall;
+// A test's read of a tensor on a stream: the value once the stream has run up to it.
+class FakeRead {
+ public:
+  void set(at::Tensor value);
+  // The value, or an undefined tensor if the stream has not got there within `timeout`.
+  at::Tensor value(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::optional<at::Tensor> value_;
 };
 
 class FakeGpu {
  public:
-  FakeGpu(int deviceIndex, int computeCapability);
+  FakeGpu(std::shared_ptr<FakeNcclWorld> world, int deviceIndex, int computeCapability);
   ~FakeGpu();
   FakeGpu(const FakeGpu&) = delete;
   FakeGpu& operator=(const FakeGpu&) = delete;
 
   CallLog& log() { return log_; }
+  FakeNcclWorld& world() { return *world_; }
+  const FakeModels& models() const;
   int deviceIndex() const { return deviceIndex_; }
   int computeCapability() const { return computeCapability_; }
   // The fake's index for `device`: the CPU tensors of a recorded group live on this GPU.
@@ -66,11 +81,13 @@ class FakeGpu {
   // cudaSetDevice (-1: back to none, as c10's guard leaves a thread that had none). A device
   // made current gets a context.
   void setCurrentDevice(int index);
+  // The same, after a scope, without failing (as c10's guard restores a device).
+  static void restoreCurrentDevice(int index);
   // A call that needs a device, on a thread without one: it gets device 0, and a context there.
   void bindDevice();
   StreamId currentStream() const;
   StreamId exchangeCurrentStream(StreamId stream);
-  static cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode);
+  cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode);
   // The devices this GPU's calls made a context on (a process would, on each).
   std::set<int> contexts() const;
 
@@ -89,14 +106,18 @@ class FakeGpu {
   float elapsedMs(EventId start, EventId end);
   bool isCapturing(StreamId stream) const;
 
-  // --- NCCL kernels
+  // --- kernels
   Buffer buffer(const void* pointer, const char* role) const;
-  // Issues `name` of communicator `comm` on `stream` now: it runs when the stream gets there.
-  void enqueueKernel(StreamId stream, const std::string& name, const std::string& comm,
-                     std::vector<Buffer> buffers);
-  // ncclCommAbort: the communicator's kernels that have not run are stopped, never to run;
-  // until then they used their buffers, which must have been held.
-  void abortKernels(const std::string& comm);
+  // An ATen kernel of the NCCL path, on the calling thread's current stream.
+  void launchAten(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+                  c10::ArrayRef<at::Tensor> inputs, int64_t scalar);
+  // An NCCL kernel, on `stream` now: it runs when the stream, and its peers, get there.
+  void launchNccl(StreamId stream, std::shared_ptr<NcclLaunch> launch, std::vector<Buffer> buffers);
+  // ncclCommAbort: this member's kernels of `comm` that have not run exit at once, moving
+  // nothing; until now they used their buffers, which must have been held.
+  void stopLaunches(uint64_t comm, int rank);
+  // Whether this member still has kernels of `comm` queued (ncclCommFinalize's flush).
+  bool hasLaunches(uint64_t comm, int rank) const;
   // At ncclGroupEnd: each buffer of a grouped call must still be held, since NCCL reads it
   // only now.
   void checkHeldUntilGroupEnd(const std::string& name, const std::vector<Buffer>& buffers);
@@ -107,22 +128,38 @@ class FakeGpu {
   // the stream would pass before the call's kernel.
   void markEnqueueInProgress(StreamId stream, const std::string& call);
   void clearEnqueueInProgress(StreamId stream);
+  // The next call of `call` (cudaEventQuery, cudaEventElapsedTime, cudaSetDevice,
+  // cudaThreadExchangeStreamCaptureMode, ...) fails with `error`; a sticky error fails every
+  // CUDA call from then on, as a corrupted context does.
+  void failCuda(const std::string& call, const std::string& error, bool sticky);
 
   // --- test controls
   // Starts capturing the calling thread's current stream into a graph.
   void beginCapture(cudaStreamCaptureMode mode);
   // Ends it: "ok", or why the graph would be unusable ("invalidated: ..." or "unjoined: S1").
+  // A usable graph is kept, as number lastGraph().
   std::string endCapture();
+  int lastGraph() const;
+  // Runs graph `graph`'s kernels again, on their streams, in capture order.
+  void replay(int graph);
+  // While held, nothing runs on this GPU: the work issued since looks stuck.
+  void hold(bool held);
+  // Waits until this GPU's streams have run everything (false if they are stuck: `timeout`).
+  bool synchronize(std::chrono::milliseconds timeout);
+  // A user's own kernels on the calling thread's current stream: a read of `tensor`, and a
+  // write of `value` into it.
+  std::shared_ptr<FakeRead> read(const at::Tensor& tensor);
+  void write(const at::Tensor& tensor, double value);
+  // What ran, in order: "S1 ncclAllReduce", "S1 copy_", ...
+  std::vector<std::string> ran() const;
+  // The NCCL path asked for a future naming `device` (CudaApi::futureDevices): counted, since
+  // a future over the fake's CPU tensors cannot name it.
+  void noteFutureDevice(const c10::Device& device);
+  int futuresNamingDevice() const;
 
  private:
-  struct Item {
-    enum class Kind { Kernel, Wait } kind;
-    std::string name;
-    std::string comm;
-    std::vector<Buffer> buffers;
-    StreamId waitStream = 0;  // Wait: run this stream up to `waitPosition` first
-    uint64_t waitPosition = 0;
-  };
+  friend class FakeNcclWorld;
+
   struct Stream {
     int device = 0;
     std::deque<Item> pending;
@@ -134,42 +171,87 @@ class FakeGpu {
     std::optional<StreamId> stream;  // where it was last recorded
     uint64_t position = 0;
     bool captured = false;
-    uint64_t capturedKernels = 0;  // kernels on its stream when recorded in the capture
+    uint64_t capturedCount = 0;  // items on its stream in the capture when recorded
     bool timing = false;
+  };
+  // An item of a capture, on its stream; a wait on a captured event names the event's stream
+  // and its count of captured items then.
+  struct CapturedItem {
+    StreamId stream = 0;
+    Item item;
+    std::optional<std::pair<StreamId, uint64_t>> waitOnCaptured;
   };
   struct Capture {
     StreamId origin = 0;
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     std::thread::id thread;
     std::string invalidated;
-    std::map<StreamId, uint64_t> kernels;   // per captured stream, kernels captured on it
-    std::map<StreamId, uint64_t> joinedAt;  // per joined stream, kernels it rejoined after
+    uint64_t pool = 0;
+    std::map<StreamId, uint64_t> items;     // per captured stream, items captured on it
+    std::map<StreamId, uint64_t> joinedAt;  // per joined stream, items it rejoined after
+    std::vector<CapturedItem> captured;
+  };
+  struct Graph {
+    uint64_t pool = 0;
+    std::vector<CapturedItem> items;
   };
 
   Stream& stream(StreamId id);
-  // A call naming a stream destroyed already: a use after free of the stream.
   void checkAlive(StreamId id, const std::string& call);
   std::string name(StreamId id) const { return "S" + std::to_string(id); }
-  void runUpTo(StreamId stream, uint64_t position);
-  void runKernel(StreamId stream, const Item& kernel, const char* until);
+  // Throws the error a test asked `call` to fail with, if any.
+  void checkCudaFault(const std::string& call);
+  // Puts `item` on `stream`, or into the capture when the stream is captured.
+  void push(StreamId stream, Item item,
+            std::optional<std::pair<StreamId, uint64_t>> waitOnCaptured = std::nullopt);
   bool capturedLocked(StreamId stream) const;
   // A potentially unsafe call (cudaEventQuery): fails and invalidates the capture where the
   // calling thread's capture mode prohibits it.
   void checkUnsafeCall(const char* call);
+  // Poisons a freed block when its stream gets to the free (FakeMemory::PoisonLater).
+  void poisonLater(const FakeMemory::Owner& owner, uint8_t* data, uint64_t generation);
+  // The allocation owner of the calling thread with `stream` current.
+  FakeMemory::Owner ownerFor(StreamId stream) const;
 
+  // --- the engine's side (FakeNcclWorld, with the world's lock held)
+  // The items that may run next: each stream's first, or with one hardware queue the
+  // earliest issued of them. None while held.
+  std::vector<std::pair<StreamId, const Item*>> heads() const;
+  // Runs the first item of `stream` if it can run alone (not an NCCL kernel with peers to
+  // wait for); true if it ran.
+  bool runHead(StreamId stream);
+  // Takes the first item of `stream` off as run (an NCCL kernel its peers ran with).
+  void popHead(StreamId stream);
+  // Checks every buffer of `item` running on `stream` (`until`: what it did); false if one
+  // is gone for good (its memory returned to the system), so the item must not touch it.
+  bool checkBuffers(StreamId stream, const Item& item, const char* until);
+  bool idle() const;
+
+  const std::shared_ptr<FakeNcclWorld> world_;
   const uint64_t serial_;  // keys the threads' current streams, which are per GPU
   const int deviceIndex_;
   const int computeCapability_;
   CallLog log_;
-  mutable std::recursive_mutex mutex_;
   std::map<StreamId, Stream> streams_;
   std::map<EventId, Event> events_;
   StreamId streamsMade_ = 0;  // S0 is the device's default stream
   EventId eventsMade_ = 0;
+  uint64_t issued_ = 0;
   std::optional<Capture> capture_;
+  uint64_t poolsMade_ = 0;
+  std::map<int, Graph> graphs_;
   std::set<int> contexts_;
   std::map<StreamId, std::string> enqueueInProgress_;
   std::set<StreamId> destroyed_;
+  bool held_ = false;
+  std::map<std::string, std::string> cudaFaults_;  // call -> error, once
+  std::string stickyFault_;
+  std::vector<std::string> ran_;
+  int futuresNamingDevice_ = 0;
+  uint64_t replaysMade_ = 0;
+  // Per replay and block: the latest allocation of the block a replayed item has used. A
+  // later capture's allocation of the same memory must not be used before an earlier one's.
+  std::map<std::pair<uint64_t, uintptr_t>, uint64_t> replayUses_;
 };
 
 }  // namespace streamnccl::fake

@@ -1,11 +1,20 @@
 #pragma once
 
-// Test-only. Where the fake NCCL communicators of one process meet: ranks that call
+// Test-only. Where the fake GPUs of one job meet, and what runs them. Ranks that call
 // ncclCommInitRank(Config) with the same unique id form one communicator once all of them
 // have joined, as with NCCL. Several recorded groups (one per rank, each driven by its own
 // thread) can share a world, so that init that waits on peers deadlocks here as it would on
 // GPUs. A world that simulates its peers completes every communicator at its first member:
-// a single recorded group then stands for its whole job.
+// a single recorded group then stands for its whole job, its peers mirrors of it.
+//
+// The world's engine runs the GPUs' streams: on a thread of its own (FakeModels::progress), so
+// that work completes whether or not anyone looks, or else when a query asks. An NCCL kernel
+// runs together with its peers' matching kernels (FakeModels::peers): a collective when every
+// member's is first on its stream, a send with the matching recv; then the data moves
+// (FakeCollectives). Everything on every GPU of the world happens under the world's one lock.
+
+#include "fake/FakeModels.hpp"
+#include "fake/FakeStreamItem.hpp"
 
 #include <nccl.h>
 
@@ -14,32 +23,106 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
 
 namespace streamnccl::fake {
 
+class FakeGpu;
+
 class FakeNcclWorld {
  public:
-  explicit FakeNcclWorld(bool simulatePeers) : simulatePeers_(simulatePeers) {}
+  FakeNcclWorld(bool simulatePeers, FakeModels models);
+  ~FakeNcclWorld();
+  FakeNcclWorld(const FakeNcclWorld&) = delete;
+  FakeNcclWorld& operator=(const FakeNcclWorld&) = delete;
 
+  const FakeModels& models() const { return models_; }
+  bool simulatesPeers() const { return simulatePeers_; }
+  std::recursive_mutex& mutex() { return mutex_; }
+
+  // --- GPUs and communicators
+  void addGpu(FakeGpu* gpu);
+  void removeGpu(FakeGpu* gpu);
   ncclUniqueId newId();
   static uint64_t keyOf(const ncclUniqueId& id);
-  // `rank` of `nranks` joins the communicator `key`.
-  void join(uint64_t key, int rank, int nranks);
+  // `rank` of `nranks` joins the communicator `key`, on `gpu`.
+  void join(uint64_t key, int rank, int nranks, FakeGpu* gpu);
   bool complete(uint64_t key) const;
   // Blocks until every rank has joined `key`, or `timeout` passes (false).
   bool waitComplete(uint64_t key, std::chrono::milliseconds timeout);
+  // Numbers `launch`'s operations in its member's order on the communicator (NcclOp::index).
+  void number(NcclLaunch& launch);
+  // ncclCommDestroy freed member `rank`'s communicator `key`: a kernel of it running from now
+  // on is a use after free (checkNotDestroyed).
+  void markDestroyed(uint64_t key, int rank);
+  void checkNotDestroyed(FakeGpu& gpu, StreamId stream, const Item& item);
+
+  // --- the engine
+  // Something may now run: wakes the engine's thread.
+  void notify();
+  // Runs whatever can run now, on every GPU of the world.
+  void advance();
+  // Waits (running the engine itself when it has no thread) until `done()` holds or
+  // `timeout` passes; false then. Called with the lock held by `lock`.
+  template <typename Done>
+  bool waitUntil(std::unique_lock<std::recursive_mutex>& lock, std::chrono::milliseconds timeout,
+                 Done done);
 
  private:
+  struct Member {
+    FakeGpu* gpu = nullptr;
+    StreamId stream = 0;
+    const Item* item = nullptr;
+  };
   struct Meeting {
     int nranks = 0;
     int joined = 0;
+    std::map<int, FakeGpu*> gpus;
+    std::map<int, uint64_t> collectives;  // per rank, collectives numbered
+    // Per (from, to): the messages sent, and those received, numbered apart.
+    std::map<std::pair<int, int>, uint64_t> sends;
+    std::map<std::pair<int, int>, uint64_t> recvs;
+    std::set<int> destroyed;
   };
 
+  void loop();
+  // Runs the NCCL kernel first on `stream` of `gpu` with the kernels of its peers it needs,
+  // if they are all first on their streams; true if it ran.
+  bool runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item);
+  // The kernel of member `rank` of `comm` first on one of its GPU's streams that holds the
+  // operation `match` accepts, or none.
+  template <typename Match>
+  std::optional<Member> findHead(uint64_t comm, int rank, Match match);
+
   const bool simulatePeers_;
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
+  const FakeModels models_;
+  mutable std::recursive_mutex mutex_;
+  std::condition_variable_any changed_;
+  std::set<FakeGpu*> gpus_;
   uint64_t idsMade_ = 0;
   std::map<uint64_t, Meeting> meetings_;
+  bool stopping_ = false;
+  std::thread engine_;
 };
+
+template <typename Done>
+bool FakeNcclWorld::waitUntil(std::unique_lock<std::recursive_mutex>& lock,
+                              std::chrono::milliseconds timeout, Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (!models_.progress) {
+      advance();
+    }
+    if (done()) {
+      return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return false;
+    }
+    changed_.wait_for(lock, std::chrono::milliseconds(1));
+  }
+}
 
 }  // namespace streamnccl::fake

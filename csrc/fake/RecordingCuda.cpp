@@ -9,8 +9,9 @@ class FakeDeviceScope final : public DeviceScope {
       : gpu_(std::move(gpu)), previous_(FakeGpu::currentDevice()) {
     gpu_->setCurrentDevice(device);
   }
-  // As c10's guard: a thread that had no device gets none back, and no context.
-  ~FakeDeviceScope() override { gpu_->setCurrentDevice(previous_); }
+  // As c10's guard: a thread that had no device gets none back, and no context. Restoring
+  // never fails, even after a sticky error (c10's guard only warns).
+  ~FakeDeviceScope() override { gpu_->restoreCurrentDevice(previous_); }
 
  private:
   const std::shared_ptr<FakeGpu> gpu_;

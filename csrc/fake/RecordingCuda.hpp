@@ -38,7 +38,7 @@ class RecordingCuda final : public CudaApi {
   cudaStream_t native(c10::Stream stream) override { return handle<cudaStream_t>(stream.id()); }
   bool isCapturing(c10::Stream stream) override { return gpu_->isCapturing(stream.id()); }
   cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode) override {
-    return FakeGpu::exchangeCaptureMode(mode);
+    return gpu_->exchangeCaptureMode(mode);
   }
 
   cudaEvent_t createEvent(bool timing) override {
@@ -54,6 +54,16 @@ class RecordingCuda final : public CudaApi {
   bool queryEvent(cudaEvent_t event) override { return gpu_->queryEvent(number(event)); }
   float elapsedMs(cudaEvent_t start, cudaEvent_t end) override {
     return gpu_->elapsedMs(number(start), number(end));
+  }
+  // The group's tensors are CPU tensors, whose c10 futures can name no device: the request
+  // is noted for the tests instead (FakeGpu::futuresNamingDevice).
+  std::vector<c10::Device> futureDevices(const c10::Device& device) override {
+    gpu_->noteFutureDevice(device);
+    return {};
+  }
+  void launchKernel(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+                    c10::ArrayRef<at::Tensor> inputs, int64_t scalar) override {
+    gpu_->launchAten(kernel, outputs, inputs, scalar);
   }
 
  private:

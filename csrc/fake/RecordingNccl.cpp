@@ -1,6 +1,9 @@
 #include "fake/RecordingNccl.hpp"
 
+#include "fake/FakeCollectives.hpp"
 #include "fake/RecordingCuda.hpp"
+
+#include <ATen/ATen.h>
 
 #include <sstream>
 
@@ -8,17 +11,21 @@ namespace streamnccl::fake {
 namespace {
 
 // An NCCL group belongs to the calling thread, whatever communicators its calls use.
-struct GroupedKernel {
-  FakeGpu* gpu;
+struct GroupedCall {
+  RecordingNccl* nccl;
+  int64_t comm;
   StreamId stream;
-  std::string name;
-  std::string comm;
+  NcclOp op;
   std::vector<Buffer> buffers;
+  std::string name;
 };
 thread_local int groupDepth = 0;
-thread_local std::vector<GroupedKernel> grouped;
+thread_local std::vector<GroupedCall> grouped;
 
 constexpr auto kBlockingInitWait = std::chrono::seconds(60);
+// How long ncclCommDestroy of a communicator with kernels queued waits for them, before the
+// fake says it would wait forever.
+constexpr auto kDestroyWait = std::chrono::seconds(20);
 
 std::string streamName(cudaStream_t stream) { return "S" + std::to_string(number(stream)); }
 std::string commName(ncclComm_t comm) { return "C" + std::to_string(number(comm)); }
@@ -110,6 +117,11 @@ std::string scalarText(const void* scalar, ncclDataType_t type, ncclScalarReside
 
 int RecordingNccl::groupDepthOfThread() { return groupDepth; }
 
+int RecordingNccl::takeInProgress(const char* function) {
+  const int polls = gpu_->log().takeInProgress(function);
+  return gpu_->models().inProgress ? polls : 0;
+}
+
 ncclResult_t RecordingNccl::outcome(const char* function) {
   if (!gpu_->log().takeFailure(function)) {
     return ncclSuccess;
@@ -150,7 +162,7 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
     return result;  // no communicator made
   }
   const uint64_t key = FakeNcclWorld::keyOf(id);
-  world_->join(key, rank, nranks);
+  world_->join(key, rank, nranks, gpu_.get());
   if (blocking && !world_->waitComplete(key, kBlockingInitWait)) {
     gpu_->log().add(call + " never met its other ranks");
     return ncclSystemError;
@@ -162,6 +174,7 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
   made.name = commName(*comm);
   made.device = device;
   made.nranks = nranks;
+  made.rank = rank;
   made.key = key;
   made.blocking = blocking;
   made.initPending = !blocking;
@@ -195,16 +208,54 @@ bool RecordingNccl::ready(Comm& comm) {
   if (comm.initPending && world_->complete(comm.key)) {
     comm.initPending = false;
   }
-  return !comm.initPending && !comm.pending;
+  return !comm.initPending && comm.pending.empty();
+}
+
+ncclResult_t RecordingNccl::commFinalize(ncclComm_t handleValue) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string call = "ncclCommFinalize(" + commName(handleValue) + ")";
+  gpu_->log().add(call);
+  Comm* comm = usable(handleValue, call);
+  if (comm == nullptr) {
+    return ncclInvalidArgument;
+  }
+  if (const ncclResult_t injected = outcome("ncclCommFinalize"); injected != ncclSuccess) {
+    return injected;
+  }
+  comm->finalizing = true;  // done once its kernels are: ncclCommGetAsyncError tells
+  return comm->blocking ? ncclSuccess : ncclInProgress;
 }
 
 ncclResult_t RecordingNccl::commDestroy(ncclComm_t handleValue) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   const std::string call = "ncclCommDestroy(" + commName(handleValue) + ")";
   gpu_->log().add(call);
-  if (Comm* comm = usable(handleValue, call)) {
-    comm->destroyed = true;
+  Comm* comm = usable(handleValue, call);
+  if (comm == nullptr) {
+    return outcome("ncclCommDestroy");
   }
+  const uint64_t key = comm->key;
+  const int rank = comm->rank;
+  const bool finalizing = comm->finalizing;
+  lock.unlock();
+  if (gpu_->models().teardown && gpu_->hasLaunches(key, rank)) {
+    if (finalizing) {
+      gpu_->log().violation(call +
+                            " before ncclCommFinalize had finished (poll "
+                            "ncclCommGetAsyncError until ncclSuccess first)");
+    }
+    // Destroying finalizes first: it blocks until this member's kernels of the communicator
+    // are done, which they are only once its peers' have run too.
+    std::unique_lock<std::recursive_mutex> world(world_->mutex());
+    if (!world_->waitUntil(world, kDestroyWait, [&] { return !gpu_->hasLaunches(key, rank); })) {
+      gpu_->log().violation(call + " waited " + std::to_string(kDestroyWait.count()) +
+                            " s for the communicator's kernels, which never ran: it would "
+                            "block forever");
+    }
+  }
+  lock.lock();
+  comm->destroyed = true;
+  world_->markDestroyed(key, rank);
   return outcome("ncclCommDestroy");
 }
 
@@ -216,8 +267,13 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
     gpu_->log().violation("ncclCommAbort(" + commName(handleValue) +
                           ") of a communicator already freed");
   } else {
-    found->second.aborted = true;  // may be still initializing or busy: abort ends that
-    gpu_->abortKernels(found->second.name);
+    Comm& comm = found->second;
+    comm.aborted = true;  // may be still initializing or busy: abort ends that
+    for (const Pending& pending : comm.pending) {
+      gpu_->clearEnqueueInProgress(pending.stream);
+    }
+    comm.pending.clear();
+    gpu_->stopLaunches(comm.key, comm.rank);
   }
   return outcome("ncclCommAbort");
 }
@@ -241,58 +297,97 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
   if (comm.initPending && world_->complete(comm.key)) {
     comm.initPending = false;
   }
-  if (comm.pending) {
+  if (!comm.pending.empty()) {
     if (comm.busyPolls > 0) {
       --comm.busyPolls;
-    } else {  // the call in progress is done: its kernel is on the stream now
-      gpu_->clearEnqueueInProgress(comm.pending->stream);
-      gpu_->enqueueKernel(comm.pending->stream, comm.pending->name, comm.name,
-                          comm.pending->buffers);
-      comm.pending.reset();
+    } else {  // the calls in progress are done: their kernels are on their streams now
+      for (Pending& pending : std::exchange(comm.pending, {})) {
+        gpu_->clearEnqueueInProgress(pending.stream);
+        gpu_->launchNccl(pending.stream, std::move(pending.launch), std::move(pending.buffers));
+      }
     }
   }
-  if (comm.initPending || comm.pending) {
+  bool flushing = false;
+  if (comm.finalizing && gpu_->models().teardown) {
+    if (!gpu_->models().progress) {
+      world_->advance();
+    }
+    flushing = gpu_->hasLaunches(comm.key, comm.rank);
+  }
+  if (comm.initPending || !comm.pending.empty() || flushing) {
     *asyncError = ncclInProgress;
   }
   return ncclSuccess;
 }
 
+std::shared_ptr<NcclLaunch> RecordingNccl::launchOf(const Comm& comm,
+                                                    std::vector<NcclOp> ops) const {
+  auto launch = std::make_shared<NcclLaunch>();
+  launch->comm = comm.key;
+  launch->commName = comm.name;
+  launch->rank = comm.rank;
+  launch->nranks = comm.nranks;
+  launch->ops = std::move(ops);
+  return launch;
+}
+
 ncclResult_t RecordingNccl::issue(const char* function, const std::string& line,
                                   ncclComm_t handleValue, cudaStream_t nativeStream,
-                                  std::vector<Buffer> buffers, std::optional<ncclRedOp_t> op,
-                                  const void* send, const void* recv, size_t bytes) {
+                                  std::vector<Buffer> buffers, NcclOp op) {
   std::lock_guard<std::mutex> lock(mutex_);
   gpu_->log().add(line);
-  gpu_->log().addBuffers(BufferRecord{function, reinterpret_cast<uintptr_t>(send),
-                                      reinterpret_cast<uintptr_t>(recv), bytes});
+  gpu_->log().addBuffers(BufferRecord{function, reinterpret_cast<uintptr_t>(op.send),
+                                      reinterpret_cast<uintptr_t>(op.recv),
+                                      op.count * sizeOf(op.type)});
   Comm* comm = usable(handleValue, function);
   if (comm == nullptr) {
     return ncclInvalidArgument;
   }
   const StreamId stream = number(nativeStream);
   gpu_->checkCallContext(function, comm->device, stream);
-  if (op) {
-    if (auto scalar = comm->deviceScalars.find(static_cast<int>(*op));
-        scalar != comm->deviceScalars.end()) {
-      buffers.push_back(scalar->second);
-    }
+  const int redOp = static_cast<int>(op.op);
+  if (auto factor = comm->hostFactors.find(redOp); factor != comm->hostFactors.end()) {
+    op.hostFactor = factor->second;
+  }
+  if (auto factor = comm->deviceFactors.find(redOp); factor != comm->deviceFactors.end()) {
+    op.deviceFactor = factor->second.pointer;
+    buffers.push_back(factor->second);
   }
   if (const ncclResult_t injected = outcome(function); injected != ncclSuccess) {
     return injected;
   }
   if (groupDepth > 0) {
-    grouped.push_back(GroupedKernel{gpu_.get(), stream, function, comm->name, std::move(buffers)});
+    grouped.push_back(
+        GroupedCall{this, number(handleValue), stream, op, std::move(buffers), function});
     return ncclSuccess;
   }
-  if (const int polls = gpu_->log().takeInProgress(function); polls > 0) {
+  auto launch = launchOf(*comm, {op});
+  if (const int polls = takeInProgress(function); polls > 0) {
     comm->busyPolls = polls;
-    comm->pending = Kernel{stream, function, std::move(buffers)};
+    comm->pending.push_back(Pending{stream, std::move(launch), std::move(buffers)});
     gpu_->markEnqueueInProgress(stream, function);
     return ncclInProgress;
   }
-  gpu_->enqueueKernel(stream, function, comm->name, std::move(buffers));
+  gpu_->launchNccl(stream, std::move(launch), std::move(buffers));
   return ncclSuccess;
 }
+
+namespace {
+
+NcclOp opOf(NcclOp::Kind kind, const void* send, void* recv, size_t count, ncclDataType_t type,
+            ncclRedOp_t op = ncclSum, int rootOrPeer = 0) {
+  NcclOp made;
+  made.kind = kind;
+  made.send = send;
+  made.recv = recv;
+  made.count = count;
+  made.type = type;
+  made.op = op;
+  made.root = rootOrPeer;
+  return made;
+}
+
+}  // namespace
 
 ncclResult_t RecordingNccl::allReduce(const void* sendbuff, void* recvbuff, size_t count,
                                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
@@ -300,8 +395,8 @@ ncclResult_t RecordingNccl::allReduce(const void* sendbuff, void* recvbuff, size
   return issue("ncclAllReduce",
                "ncclAllReduce(count=" + std::to_string(count) + ", " + typeName(datatype) + ", " +
                    opName(op) + ", " + commName(comm) + ", " + streamName(stream) + ")",
-               comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")}, op,
-               sendbuff, recvbuff, count * sizeOf(datatype));
+               comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
+               opOf(NcclOp::Kind::AllReduce, sendbuff, recvbuff, count, datatype, op));
 }
 
 ncclResult_t RecordingNccl::broadcast(const void* sendbuff, void* recvbuff, size_t count,
@@ -312,7 +407,7 @@ ncclResult_t RecordingNccl::broadcast(const void* sendbuff, void* recvbuff, size
                    ", root=" + std::to_string(root) + ", " + commName(comm) + ", " +
                    streamName(stream) + ")",
                comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
-               std::nullopt, sendbuff, recvbuff, count * sizeOf(datatype));
+               opOf(NcclOp::Kind::Broadcast, sendbuff, recvbuff, count, datatype, ncclSum, root));
 }
 
 ncclResult_t RecordingNccl::reduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -322,8 +417,8 @@ ncclResult_t RecordingNccl::reduce(const void* sendbuff, void* recvbuff, size_t 
                "ncclReduce(count=" + std::to_string(count) + ", " + typeName(datatype) + ", " +
                    opName(op) + ", root=" + std::to_string(root) + ", " + commName(comm) + ", " +
                    streamName(stream) + ")",
-               comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")}, op,
-               sendbuff, recvbuff, count * sizeOf(datatype));
+               comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
+               opOf(NcclOp::Kind::Reduce, sendbuff, recvbuff, count, datatype, op, root));
 }
 
 ncclResult_t RecordingNccl::allGather(const void* sendbuff, void* recvbuff, size_t sendcount,
@@ -333,7 +428,7 @@ ncclResult_t RecordingNccl::allGather(const void* sendbuff, void* recvbuff, size
                "ncclAllGather(sendcount=" + std::to_string(sendcount) + ", " + typeName(datatype) +
                    ", " + commName(comm) + ", " + streamName(stream) + ")",
                comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
-               std::nullopt, sendbuff, recvbuff, sendcount * sizeOf(datatype));
+               opOf(NcclOp::Kind::AllGather, sendbuff, recvbuff, sendcount, datatype));
 }
 
 ncclResult_t RecordingNccl::reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
@@ -343,8 +438,8 @@ ncclResult_t RecordingNccl::reduceScatter(const void* sendbuff, void* recvbuff, 
                "ncclReduceScatter(recvcount=" + std::to_string(recvcount) + ", " +
                    typeName(datatype) + ", " + opName(op) + ", " + commName(comm) + ", " +
                    streamName(stream) + ")",
-               comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")}, op,
-               sendbuff, recvbuff, recvcount * sizeOf(datatype));
+               comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
+               opOf(NcclOp::Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op));
 }
 
 ncclResult_t RecordingNccl::send(const void* sendbuff, size_t count, ncclDataType_t datatype,
@@ -352,8 +447,8 @@ ncclResult_t RecordingNccl::send(const void* sendbuff, size_t count, ncclDataTyp
   return issue("ncclSend",
                "ncclSend(count=" + std::to_string(count) + ", " + typeName(datatype) + ", peer=" +
                    std::to_string(peer) + ", " + commName(comm) + ", " + streamName(stream) + ")",
-               comm, stream, {gpu_->buffer(sendbuff, "send")}, std::nullopt, sendbuff, nullptr,
-               count * sizeOf(datatype));
+               comm, stream, {gpu_->buffer(sendbuff, "send")},
+               opOf(NcclOp::Kind::Send, sendbuff, nullptr, count, datatype, ncclSum, peer));
 }
 
 ncclResult_t RecordingNccl::recv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
@@ -361,8 +456,8 @@ ncclResult_t RecordingNccl::recv(void* recvbuff, size_t count, ncclDataType_t da
   return issue("ncclRecv",
                "ncclRecv(count=" + std::to_string(count) + ", " + typeName(datatype) + ", peer=" +
                    std::to_string(peer) + ", " + commName(comm) + ", " + streamName(stream) + ")",
-               comm, stream, {gpu_->buffer(recvbuff, "recv")}, std::nullopt, nullptr, recvbuff,
-               count * sizeOf(datatype));
+               comm, stream, {gpu_->buffer(recvbuff, "recv")},
+               opOf(NcclOp::Kind::Recv, nullptr, recvbuff, count, datatype, ncclSum, peer));
 }
 
 ncclResult_t RecordingNccl::groupStart() {
@@ -373,14 +468,54 @@ ncclResult_t RecordingNccl::groupStart() {
 
 ncclResult_t RecordingNccl::groupEnd() {
   gpu_->log().add("ncclGroupEnd()");
-  if (groupDepth > 0 && --groupDepth == 0) {
-    // Only now does NCCL read the grouped calls' buffers and enqueue their kernels.
-    for (GroupedKernel& kernel : std::exchange(grouped, {})) {
-      kernel.gpu->checkHeldUntilGroupEnd(kernel.name, kernel.buffers);
-      kernel.gpu->enqueueKernel(kernel.stream, kernel.name, kernel.comm, std::move(kernel.buffers));
+  if (groupDepth == 0 || --groupDepth > 0) {
+    return outcome("ncclGroupEnd");
+  }
+  // Only now does NCCL read the grouped calls' buffers and enqueue their kernels: one per
+  // communicator and stream, in the order their first call was made.
+  const int polls = takeInProgress("ncclGroupEnd");
+  std::vector<std::tuple<RecordingNccl*, int64_t, StreamId>> order;
+  std::map<std::tuple<RecordingNccl*, int64_t, StreamId>,
+           std::pair<std::vector<NcclOp>, std::vector<Buffer>>>
+      kernels;
+  for (GroupedCall& call : std::exchange(grouped, {})) {
+    call.nccl->gpu_->checkHeldUntilGroupEnd(call.name, call.buffers);
+    const auto key = std::make_tuple(call.nccl, call.comm, call.stream);
+    auto& [ops, buffers] = kernels[key];
+    if (ops.empty()) {
+      order.push_back(key);
+    }
+    ops.push_back(call.op);
+    buffers.insert(buffers.end(), call.buffers.begin(), call.buffers.end());
+  }
+  ncclResult_t result = ncclSuccess;
+  for (const auto& key : order) {
+    auto& [ops, buffers] = kernels[key];
+    const ncclResult_t ended = std::get<0>(key)->endGroup(
+        std::get<1>(key), std::get<2>(key), std::move(ops), std::move(buffers), polls > 0, polls);
+    if (ended != ncclSuccess) {
+      result = ended;
     }
   }
-  return outcome("ncclGroupEnd");
+  const ncclResult_t injected = outcome("ncclGroupEnd");
+  return injected != ncclSuccess ? injected : result;
+}
+
+ncclResult_t RecordingNccl::endGroup(int64_t commNumber, StreamId stream, std::vector<NcclOp> ops,
+                                     std::vector<Buffer> buffers, bool inProgress, int polls) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Comm& comm = comms_.at(commNumber);
+  auto launch = launchOf(comm, std::move(ops));
+  if (inProgress) {
+    // A non-blocking communicator still enqueueing the group: its kernels are on the stream
+    // only once ncclCommGetAsyncError says so.
+    comm.busyPolls = polls;
+    comm.pending.push_back(Pending{stream, std::move(launch), std::move(buffers)});
+    gpu_->markEnqueueInProgress(stream, "ncclGroupEnd");
+    return ncclInProgress;
+  }
+  gpu_->launchNccl(stream, std::move(launch), std::move(buffers));
+  return ncclSuccess;
 }
 
 ncclResult_t RecordingNccl::redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
@@ -397,7 +532,14 @@ ncclResult_t RecordingNccl::redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
   }
   if (residence == ncclScalarDevice) {
     // Read by the reduction's kernel when it runs, not now.
-    comm->deviceScalars[static_cast<int>(*op)] = gpu_->buffer(scalar, "PreMulSum factor");
+    comm->deviceFactors[static_cast<int>(*op)] = gpu_->buffer(scalar, "PreMulSum factor");
+  } else {
+    // Read now, from the host.
+    FakeMemory::Untracked fakesOwn;
+    comm->hostFactors[static_cast<int>(*op)] =
+        at::from_blob(scalar, {1}, at::TensorOptions().dtype(scalarTypeOf(datatype)))
+            .to(at::kDouble)
+            .item<double>();
   }
   return outcome("ncclRedOpCreatePreMulSum");
 }
@@ -407,7 +549,8 @@ ncclResult_t RecordingNccl::redOpDestroy(ncclRedOp_t op, ncclComm_t handleValue)
   gpu_->log().add("ncclRedOpDestroy(" + opName(op) + ", " + commName(handleValue) + ")");
   if (Comm* comm = usable(handleValue, "ncclRedOpDestroy")) {
     // NCCL allows destroying an op once the calls using it are issued: they keep its factor.
-    comm->deviceScalars.erase(static_cast<int>(op));
+    comm->deviceFactors.erase(static_cast<int>(op));
+    comm->hostFactors.erase(static_cast<int>(op));
   }
   return outcome("ncclRedOpDestroy");
 }

@@ -1,8 +1,8 @@
 #pragma once
 
-// Test-only. NcclApi over a FakeGpu and a FakeNcclWorld. Nothing moves: each call is written to
-// the GPU's log (with its counts, datatypes, reduce ops, roots, peers, communicator, stream and
-// buffers) and checked as NCCL and the GPU would check it:
+// Test-only. NcclApi over a FakeGpu and a FakeNcclWorld. Each call is written to the GPU's log
+// (with its counts, datatypes, reduce ops, roots, peers, communicator, stream and buffers) and
+// checked as NCCL and the GPU would check it:
 //   - init meets the other ranks in the world; a blocking one waits for them, a non-blocking
 //     one returns ncclInProgress until they have all joined;
 //   - a call on a non-blocking communicator whose last operation is still in progress fails,
@@ -10,7 +10,11 @@
 //   - a call on an aborted or destroyed communicator is a use after free;
 //   - each call runs on its communicator's device, on the thread's current stream, and its
 //     buffers (and a device PreMulSum factor) must be held until its kernel runs (FakeGpu);
-//   - grouped calls are enqueued at the outermost ncclGroupEnd.
+//   - grouped calls become one kernel per communicator at the outermost ncclGroupEnd, which
+//     may return ncclInProgress (a non-blocking communicator still enqueueing them);
+//   - its kernels run with their peers' and move the data (FakeNcclWorld); ncclCommAbort
+//     stops this member's kernels of the communicator; ncclCommFinalize and ncclCommDestroy
+//     wait for them.
 // Failures and ncclInProgress can be injected per call through the log.
 
 #include "cuda/NcclApi.hpp"
@@ -35,6 +39,7 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t getUniqueId(ncclUniqueId* id) override;
   ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                   ncclConfig_t* config) override;
+  ncclResult_t commFinalize(ncclComm_t comm) override;
   ncclResult_t commDestroy(ncclComm_t comm) override;
   ncclResult_t commAbort(ncclComm_t comm) override;
   // Polled by the watchdog, so not written to the log. An injected failure of
@@ -70,35 +75,46 @@ class RecordingNccl final : public NcclApi {
   static int groupDepthOfThread();
 
  private:
-  struct Kernel {
+  // Kernels a call in progress (ncclInProgress) enqueues once it is done.
+  struct Pending {
     StreamId stream = 0;
-    std::string name;
+    std::shared_ptr<NcclLaunch> launch;
     std::vector<Buffer> buffers;
   };
   struct Comm {
     std::string name;  // C0, C1, ...
     int device = 0;
     int nranks = 0;
+    int rank = 0;
     uint64_t key = 0;
     bool blocking = true;
     bool initPending = false;
-    int busyPolls = 0;              // an injected ncclInProgress still being "enqueued"
-    std::optional<Kernel> pending;  // its kernel, enqueued once done
+    int busyPolls = 0;             // an injected ncclInProgress still being "enqueued"
+    std::vector<Pending> pending;  // its kernels, enqueued once done
     bool aborted = false;
     bool destroyed = false;
-    std::map<int, Buffer> deviceScalars;  // PreMulSum ops whose factor NCCL reads at run time
+    bool finalizing = false;
+    // PreMulSum ops made on it: a host factor read at creation, or a device factor read by
+    // the kernel when it runs.
+    std::map<int, double> hostFactors;
+    std::map<int, Buffer> deviceFactors;
   };
 
   // ncclSuccess, or the failure the log was asked to inject into `function`.
   ncclResult_t outcome(const char* function);
+  // How many polls an injected ncclInProgress of `function` lasts (0: none asked, or the
+  // model is off).
+  int takeInProgress(const char* function);
   // The communicator for a call, or null after logging why the call must fail.
   Comm* usable(ncclComm_t comm, const std::string& call);
   bool ready(Comm& comm);
-  // Logs `line`, checks and issues one data call on `comm` and `stream`.
+  // Logs `line`, checks and issues `op` on `comm` and `stream`, its buffers `buffers`.
   ncclResult_t issue(const char* function, const std::string& line, ncclComm_t comm,
-                     cudaStream_t stream, std::vector<Buffer> buffers,
-                     std::optional<ncclRedOp_t> op, const void* send, const void* recv,
-                     size_t bytes);
+                     cudaStream_t stream, std::vector<Buffer> buffers, NcclOp op);
+  std::shared_ptr<NcclLaunch> launchOf(const Comm& comm, std::vector<NcclOp> ops) const;
+  // At the outermost ncclGroupEnd: this communicator's grouped calls on `stream` as one kernel.
+  ncclResult_t endGroup(int64_t comm, StreamId stream, std::vector<NcclOp> ops,
+                        std::vector<Buffer> buffers, bool inProgress, int polls);
 
   const std::shared_ptr<FakeGpu> gpu_;
   const std::shared_ptr<FakeNcclWorld> world_;

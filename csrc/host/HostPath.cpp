@@ -31,8 +31,12 @@ std::unique_ptr<Path> HostPathFactory::open(const c10::Device& device) {
   return hostPath(device, gloo_, kGroupTag);
 }
 
-PeerLanes HostPathFactory::openPeer(const c10::Device& device, int /*peer: any, over Gloo*/) {
-  return {hostPath(device, gloo_, kLaneTag), hostPath(device, gloo_, kLaneTag)};
+PeerLanes HostPathFactory::openPeer(const c10::Device& device, int peer) {
+  const int rank = gloo_->getRank();
+  PeerLanes lanes{hostPath(device, gloo_, kLaneTag), hostPath(device, gloo_, kLaneTag)};
+  lanes.sends->description = "lane " + std::to_string(rank) + "->" + std::to_string(peer);
+  lanes.receives->description = "lane " + std::to_string(peer) + "->" + std::to_string(rank);
+  return lanes;
 }
 
 std::unique_ptr<Path> HostPathFactory::openAnySource(const c10::Device& device) {

@@ -12,6 +12,7 @@ class Options(dist.Backend.Options):
     trace_buffer_size: int | None
     debug_checks: bool | None
     enable_timing: bool | None
+    single_hardware_queue: bool | None
     def __init__(
         self,
         *,
@@ -21,6 +22,7 @@ class Options(dist.Backend.Options):
         trace_buffer_size: int | None = None,
         debug_checks: bool | None = None,
         enable_timing: bool | None = None,
+        single_hardware_queue: bool | None = None,
     ) -> None: ...
     def resolved(self) -> Options: ...
 
@@ -42,6 +44,7 @@ class ProcessGroup(dist.Backend):
 
 def _build_info() -> dict: ...
 def _dump_flight_recorder() -> bytes: ...
+def _shutdown_all_groups() -> None: ...
 
 # Test-only: the simulated device of tests/test_ordering_sim.py (csrc/sim/).
 class _SimulatedRead:

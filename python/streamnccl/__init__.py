@@ -116,9 +116,10 @@ def reset_stats(group=None) -> None:
     _backend_of(group)._reset_stats()
 
 
-# Groups still alive at exit (a model holding one, say) have their watchdogs stopped first:
-# once the interpreter finalizes, a thread that drops a tensor cannot take the GIL.
-atexit.register(_C._stop_all_watchdogs)
+# Groups still alive at exit (a model holding one, say) are shut down as destroy_process_group()
+# would: their ops in flight finish first. Before the interpreter finalizes, since a thread that
+# drops a tensor then can no longer take the GIL.
+atexit.register(_C._shutdown_all_groups)
 
 
 dist.Backend.register_backend(

@@ -1,0 +1,400 @@
+"""The life of an op and of a group on the NCCL path, checked on the fake GPU: what a Work holds
+and for how long (captured, failed, completed, waited for), what the watchdog does with the
+faults it meets, how the group ends, and what the flight recorder says an op is doing.
+
+Each test names the defect of issue 16 it catches; those whose failure on broken code is a
+crash or a deadlock run in a child process with a hard timeout.
+"""
+
+import gc
+import pickle
+import threading
+import time
+from datetime import timedelta
+
+import fakes
+import pytest
+import streamnccl
+import torch
+import torch.distributed as dist
+from fakes import fake_group, fake_ranks, needs_nccl_path, opts, run_ranks, settle
+from streamnccl import _C
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions
+
+pytestmark = needs_nccl_path
+CPU = torch.device("cpu")
+
+
+def run_child(scenario, timeout_s=fakes.CHILD_TIMEOUT_S):
+    return fakes.run_child("test_nccl_lifecycle", scenario, timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def fresh_thread_state():
+    yield
+    gc.collect()
+    _C._FakeGpu.forget_thread_device()
+
+
+def connected(**settings):
+    pg, gpu = fake_group(**settings)
+    pg.eager_connect_single_device(CPU)
+    return pg, gpu
+
+
+# --- defect 1: teardown finishes the ops in flight, then finalizes the communicators
+
+
+def test_destroy_waits_for_the_ops_in_flight_then_finalizes():
+    pg, gpu = connected()
+    gpu.hold_events(True)  # the GPU is busy: the op is still queued when the group goes
+    x = torch.ones(4)
+    pg.allreduce([x], opts(AllreduceOptions))
+    destroyed = threading.Event()
+
+    def destroy():
+        nonlocal pg
+        pg.shutdown()
+        destroyed.set()
+
+    thread = threading.Thread(target=destroy)
+    thread.start()
+    assert not destroyed.wait(0.3)  # it waits for the op
+    gpu.hold_events(False)
+    thread.join(10)
+    assert destroyed.is_set()
+    assert torch.equal(x, torch.full((4,), 3.0))  # the op ran: this rank and its 2 mirrors
+    calls = gpu.calls()
+    assert "ncclCommAbort(C0)" not in calls
+    assert calls.index("ncclCommFinalize(C0)") < calls.index("ncclCommDestroy(C0)")
+    assert settle(gpu) == []
+
+
+def test_a_teardown_past_the_timeout_aborts_and_names_the_op():
+    # The op's own timeout is longer than the group's, so the teardown's deadline comes first.
+    pg, gpu = connected(timeout=timedelta(seconds=1))
+    gpu.hold_events(True)
+    work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions, timeout=timedelta(seconds=60)))
+    started = time.monotonic()
+    pg.shutdown()
+    assert 0.8 < time.monotonic() - started < 5
+    with pytest.raises(
+        dist.DistBackendError,
+        match=r"allreduce #1 .*destroyed with 1 op\(s\) unfinished after the group's timeout of "
+        r"1000 ms \(allreduce #1\): aborting its communicators",
+    ):
+        work.wait()
+    assert "ncclCommAbort(C0)" in gpu.calls()
+    assert "ncclCommDestroy(C0)" not in gpu.calls()
+    gpu.hold_events(False)
+    assert settle(gpu) == []
+
+
+def test_a_replay_still_running_is_flushed_by_finalize():
+    # A graph's replays are not the group's to track: ncclCommFinalize flushes them, and the
+    # communicator is destroyed only once they are done (FakeModels::teardown).
+    pg, gpu = connected()
+    x = torch.ones(4)
+    gpu.begin_capture("thread_local")
+    pg.allreduce([x], opts(AllreduceOptions, False))
+    assert gpu.end_capture() == "ok"
+    gpu.hold_events(True)
+    gpu.replay(gpu.last_graph())
+    release = threading.Timer(0.3, gpu.hold_events, args=(False,))
+    release.start()
+    pg.shutdown()
+    release.join()
+    assert settle(gpu) == []
+    assert torch.equal(x, torch.full((4,), 3.0))
+    assert gpu.ran()[-1] == "S0 ncclAllReduce"
+
+
+# --- defect 2: reductions NCCL lacks are refused at the call
+
+
+@pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_bitwise_reductions_are_refused_on_cuda_at_the_call(op, async_op):
+    pg, gpu = connected()
+    x = torch.tensor([1, 2, 3], dtype=torch.int32)
+    with pytest.raises(
+        TypeError, match=f"allreduce: NCCL has no bitwise reductions, so reduce op {op}"
+    ):
+        pg.allreduce([x], opts(AllreduceOptions, async_op, reduceOp=getattr(dist.ReduceOp, op)))
+    with pytest.raises(TypeError, match="NCCL has no bitwise reductions"):
+        pg._reduce_scatter_base(
+            torch.zeros(1, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+            opts(ReduceScatterOptions, async_op, reduceOp=getattr(dist.ReduceOp, op)),
+        )  # fmt: skip
+    assert not [c for c in gpu.calls() if c.startswith(("ncclAllReduce", "ncclReduceScatter"))]
+    pg.allreduce([x], opts(AllreduceOptions, async_op)).wait()  # the group goes on
+    assert gpu.synchronize()
+    assert x.tolist() == [3, 6, 9]
+    assert settle(gpu) == []
+
+
+# --- defect 3: nothing escapes the watchdog thread
+
+
+WATCHDOG_MEETS_A_CUDA_ERROR = """
+    import os, pickle, tempfile, time, torch
+    from datetime import timedelta
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import AllreduceOptions
+    dump_dir = tempfile.mkdtemp()
+    pg, gpu = t.connected(dump_dir=dump_dir, enable_timing={timing})
+    gpu.hold_events(True)
+    work = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
+    gpu.fail_cuda("{call}", "an illegal memory access was encountered "
+                  "(cudaErrorIllegalAddress)", sticky=True)
+    gpu.hold_events(False)
+    deadline = time.monotonic() + 10
+    while "streamnccl_trace_rank_0" not in os.listdir(dump_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("dumped:", sorted(os.listdir(dump_dir)))
+    try:
+        work.wait()
+        print("op: completed")
+    except dist.DistBackendError as error:
+        print("op:", error)
+    try:
+        pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
+    except dist.DistBackendError as error:
+        print("later:", error)
+    print("alive")
+"""
+
+
+@pytest.mark.parametrize(
+    "call, timing",
+    [
+        ("cudaEventQuery", False),
+        ("cudaEventElapsedTime", True),
+        ("cudaThreadExchangeStreamCaptureMode", False),
+        ("cudaSetDevice", False),
+    ],
+)
+def test_a_cuda_error_in_the_watchdog_breaks_the_group_with_evidence(call, timing):
+    output = run_child(WATCHDOG_MEETS_A_CUDA_ERROR.format(call=call, timing=timing))
+    assert "alive" in output
+    assert "dumped: ['streamnccl_trace_rank_0']" in output
+    assert "illegal memory access" in output.split("later:")[1]
+    assert "unusable since an earlier failure" in output.split("later:")[1]
+
+
+# --- defect 4: a captured op holds what its replays use until wait()
+
+
+def test_a_captured_op_holds_its_factor_until_wait():
+    # The PREMUL_SUM factor is converted on the caller's stream, from the graph's pool, and
+    # read by the NCCL kernel on the internal stream. Freed before wait() joins the two, the
+    # caller's next allocation in the capture gets it, and its kernel overwrites it at replay
+    # before the NCCL kernel reads it.
+    pg, gpu = connected()
+    x = torch.ones(4)
+    factor = torch.tensor(3.0, dtype=torch.float64)  # converted to float32: a copy
+    gpu.begin_capture("thread_local")
+    work = pg.allreduce([x], opts(AllreduceOptions, reduceOp=dist._make_nccl_premul_sum(factor)))
+    reused = torch.empty((), dtype=torch.float32)  # the converted factor's size, on S0
+    gpu.write(reused, 100.0)
+    work.wait()
+    assert gpu.end_capture() == "ok"
+    gpu.replay(gpu.last_graph())
+    assert settle(gpu) == []
+    assert torch.equal(x, torch.full((4,), 9.0))  # 3 ranks, each 1.0 * 3.0
+
+
+def test_a_captured_barrier_holds_its_token_until_wait():
+    pg, gpu = connected()
+    gpu.begin_capture("thread_local")
+    work = pg.barrier()
+    reused = torch.empty(1)
+    gpu.write(reused, 5.0)
+    work.wait()
+    assert gpu.end_capture() == "ok"
+    gpu.replay(gpu.last_graph())
+    assert settle(gpu) == []
+
+
+# --- defect 5: a failed op's tensors are let go only once its end has passed
+
+
+def test_a_failed_ops_tensors_outlive_its_kernels_after_the_abort():
+    pg, gpu = connected()
+    gpu.hold_events(True)
+    x = torch.ones(6, 2).t()  # not contiguous: a copy-back follows the NCCL kernel
+    pg.allreduce([x], opts(AllreduceOptions))
+    del x
+    gc.collect()  # only the group holds x now
+    pg.abort()  # the NCCL kernel is stopped; the copy-back on the stream is not
+    pg._stats()  # a call on the group lets go of what has ended
+    for _ in range(10):  # the allocator's next blocks of x's size, written on the caller's stream
+        gpu.write(torch.empty(6, 2), 7.0)
+    gpu.hold_events(False)
+    assert settle(gpu) == []
+
+
+# --- defect 6: a Work holds its tensors until the op completes, or wait(), and no longer
+
+
+def test_a_completed_ops_input_is_let_go_though_its_work_is_kept():
+    # all_gather: the Work keeps its outputs (its result), not its input, which nothing else
+    # holds here.
+    pg, gpu = connected()
+    x = torch.ones(1000)
+    address = x.data_ptr()
+    outputs = [torch.zeros(1000) for _ in range(3)]
+    works = [pg.allgather([outputs], [x], opts(AllgatherOptions))]  # kept, never waited for
+    del x
+    assert gpu.synchronize()  # the op has run; nobody has looked
+    time.sleep(0.2)  # the watchdog (every 50 ms) sees it completed
+    pg._stats()  # the next call on the group lets go of it
+    assert not _C._FakeGpu.memory_live(address)
+    assert works[0].is_completed()
+
+
+def test_wait_lets_go_only_once_the_op_has_run():
+    # all_gather: the Work's outputs are not its input, which nothing else holds.
+    pg, gpu = connected()
+    gpu.hold_events(True)
+    x = torch.arange(8, dtype=torch.float32)
+    outputs = [torch.zeros(8) for _ in range(3)]
+    work = pg.allgather([outputs], [x], opts(AllgatherOptions))
+    del x
+    work.wait()  # joins the caller's stream; the op has not run
+    for _ in range(10):  # the allocator's next blocks of x's size, written on the caller's stream
+        gpu.write(torch.empty(8), -1.0)
+    gpu.hold_events(False)
+    assert settle(gpu) == []
+    for output in outputs:
+        assert torch.equal(output, torch.arange(8, dtype=torch.float32))
+
+
+# --- defect 7: the watchdog drops no last reference and fails no op under its lock
+
+
+WATCHDOG_FAILS_OPS_WITH_CALLBACKS = """
+    import gc, time, torch, streamnccl
+    from datetime import timedelta
+    import torch.distributed as dist
+    from streamnccl import _C
+    from torch._C._distributed_c10d import AllreduceOptions
+    pg, gpu = t.connected(timeout=timedelta(milliseconds=200))
+    gpu.hold_events(True)
+    seen = []
+    for _ in range(50):
+        x = torch.ones(100)
+        fut = pg.allreduce([x], t.opts(AllreduceOptions)).get_future()
+        # A comm hook that asks for the group's stats: it runs when the op fails.
+        fut.then(lambda f: seen.append(len(pg._stats())))
+        del x, fut
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while len(seen) < 50 and time.monotonic() < deadline:
+        pg._stats()  # the caller's thread lets go of what ended, beside the watchdog
+        time.sleep(0.01)
+    gpu.hold_events(False)
+    print("callbacks:", len(seen))
+    del pg
+    gc.collect()
+    print("freed by the watchdog:", _C._FakeGpu.frees_by_thread().get("streamnccl-wdog", 0))
+"""
+
+
+def test_the_watchdog_fails_ops_without_its_lock_and_frees_nothing():
+    output = run_child(WATCHDOG_FAILS_OPS_WITH_CALLBACKS)
+    assert "callbacks: 50" in output
+    assert "freed by the watchdog: 0" in output
+
+
+# --- defect 8: the flight recorder says started when the device starts the op
+
+
+def _states(group_name):
+    dump = pickle.loads(streamnccl.dump_flight_recorder())
+    return [e["state"] for e in dump["entries"] if e["process_group"][0] == group_name]
+
+
+def test_an_op_is_scheduled_until_it_runs_without_timing():
+    pg, gpu = connected(trace_buffer_size=100)
+    gpu.hold_events(True)
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    name = pickle.loads(streamnccl.dump_flight_recorder())["entries"][-1]["process_group"][0]
+    assert _states(name)[-1] == "scheduled"  # issued, not started: the GPU is busy
+    gpu.hold_events(False)
+    assert gpu.synchronize()
+    assert _states(name)[-1] == "completed"
+
+
+def test_a_timed_op_is_started_once_its_start_event_has_passed():
+    # Rank 1 is late: rank 0's op has started on its stream but cannot complete.
+    groups = fakes.connect(fake_ranks(2, enable_timing=True, trace_buffer_size=100))
+    (pg0, gpu0), (pg1, gpu1) = groups
+    pg0.allreduce([torch.ones(4)], opts(AllreduceOptions, False))
+    time.sleep(0.3)  # the watchdog looks at its start event
+    name = pickle.loads(streamnccl.dump_flight_recorder())["entries"][-1]["process_group"][0]
+    assert _states(name)[-1] == "started"
+    pg1.allreduce([torch.ones(4)], opts(AllreduceOptions, False))
+    assert gpu0.synchronize() and gpu1.synchronize()
+
+
+# --- defect 10: one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1) and the lanes
+
+
+def _swap(rank, pg, gpu):
+    """Both ranks isend, then irecv, the same peer: each send needs the peer's recv to run
+    while its own is still queued, as with a large message."""
+    peer = 1 - rank
+    inbox = torch.zeros(1000)
+    sending = pg.send([torch.full((1000,), float(rank + 1))], peer, 0)
+    receiving = pg.recv([inbox], peer, 0)
+    try:
+        receiving.wait(timedelta(seconds=20))  # blocks the host: fails once the op does
+        sending.wait(timedelta(seconds=20))
+    except dist.DistBackendError as error:
+        return str(error)
+    return inbox
+
+
+def test_an_isend_irecv_swap_runs_with_a_queue_per_stream():
+    groups = fake_ranks(2)
+    inboxes = run_ranks(groups, _swap)
+    for rank, inbox in enumerate(inboxes):
+        assert torch.equal(inbox, torch.full((1000,), float(2 - rank)))
+
+
+def _ordered_first_contact(rank, pg, gpu):
+    """Rank 0 sends then receives; rank 1 receives then sends: in program order that never
+    waits in a circle, whatever the hardware queues."""
+    peer = 1 - rank
+    inbox = torch.zeros(16)
+    mine = torch.full((16,), float(rank + 1))
+    works = (
+        [pg.send([mine], peer, 0), pg.recv([inbox], peer, 0)]
+        if rank == 0
+        else [pg.recv([inbox], peer, 0), pg.send([mine], peer, 0)]
+    )
+    for work in works:
+        work.wait(timedelta(seconds=20))
+    return inbox
+
+
+def test_with_one_hardware_queue_a_pairs_first_ops_keep_program_order():
+    # The two lanes to a peer connect on threads of their own; their held-back first ops must
+    # reach the one hardware queue in program order, not in the order the lanes connected.
+    world = fakes.fake_world(single_queue=True)
+    for _ in range(5):
+        groups = fake_ranks(2, world=world, single_hardware_queue=True)
+        inboxes = run_ranks(groups, _ordered_first_contact)
+        assert [inbox[0].item() for inbox in inboxes] == [2.0, 1.0]
+
+
+def test_with_one_hardware_queue_a_swap_times_out_naming_the_lanes():
+    world = fakes.fake_world(single_queue=True)
+    groups = fake_ranks(2, world=world, timeout=timedelta(seconds=1), single_hardware_queue=True)
+    errors = run_ranks(groups, _swap)
+    for error in errors:
+        assert "timed out after 1000 ms (streamnccl watchdog) on the lane " in error, error
+        assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in error and "batch_isend_irecv" in error, error
+    for pg, _ in groups:
+        pg.abort()
