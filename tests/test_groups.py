@@ -98,3 +98,30 @@ def _split(ctx):
 @pytest.mark.parametrize("world_size", [4])
 def test_split_group_gives_each_part_its_own_paths(rank_pools, world_size):
     rank_pools(world_size).run(_split)
+
+
+def _split_with_debug_checks(ctx):
+    # A split group's debug checks meet through the store c10d hands the split: a matched
+    # collective runs, a mismatched one is named.
+    n, me = ctx.world_size, ctx.rank
+    world = dist.distributed_c10d._get_default_group()
+    part = world.split_group(
+        list(range(n)),
+        timeout=timedelta(seconds=30),
+        opts=streamnccl.Options(debug_checks=True),
+        group_name="checked",
+    )
+    x = torch.full((3,), float(me))
+    part.allreduce([x]).wait()
+    assert torch.equal(x, torch.full((3,), float(sum(range(n)))))
+    with pytest.raises(dist.DistBackendError, match="debug check failed"):
+        if me == 0:
+            part.allreduce([torch.ones(3)]).wait()
+        else:
+            part.broadcast([torch.ones(3)]).wait()
+    return True
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_debug_checks_work_on_split_groups(rank_pools, world_size):
+    assert rank_pools(world_size).run(_split_with_debug_checks) == [True] * world_size
