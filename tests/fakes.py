@@ -33,9 +33,11 @@ needs_nccl_path = pytest.mark.skipif(
 
 
 def models(**switches):
-    """The fake's models: those switched off by the environment, then `switches`."""
-    chosen = {name: False for name in os.environ.get(MODELS_OFF_VARIABLE, "").split(",") if name}
-    chosen.update(switches)
+    """The fake's models: `switches`, then those the environment switches off, which win."""
+    chosen = dict(switches)
+    chosen.update(
+        {name: False for name in os.environ.get(MODELS_OFF_VARIABLE, "").split(",") if name}
+    )
     return chosen
 
 

@@ -398,3 +398,44 @@ def test_with_one_hardware_queue_a_swap_times_out_naming_the_lanes():
         assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in error and "batch_isend_irecv" in error, error
     for pg, _ in groups:
         pg.abort()
+
+
+# --- the Work's other joins: synchronize(), the future's devices, wait() inside a capture
+
+
+def test_synchronize_makes_the_callers_stream_wait_for_the_op():
+    pg, gpu = connected()
+    gpu.hold_events(True)
+    x = torch.ones(4)
+    work = pg.allreduce([x], opts(AllreduceOptions))
+    work.synchronize()  # the caller's stream waits for the op; the host goes on
+    read = gpu.read(x)  # the caller's next kernel
+    gpu.hold_events(False)
+    assert torch.equal(read.value(), torch.full((4,), 3.0))
+    assert settle(gpu) == []
+
+
+def test_every_future_names_the_ops_device():
+    # A c10 future completed on a CUDA stream records events there, and then() callbacks wait
+    # for them, only when it names the device. The fake's tensors are CPU tensors, whose
+    # futures cannot name one: the fake counts the requests instead.
+    pg, gpu = connected()
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions, False)).wait()
+    pg._start_coalescing()
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    pg._end_coalescing().wait()
+    assert gpu.futures_naming_device() == 3
+
+
+def test_wait_inside_a_capture_on_an_op_from_before_it_is_refused_clearly():
+    pg, gpu = connected()
+    gpu.hold_events(True)
+    work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    gpu.begin_capture("global")
+    with pytest.raises(ValueError, match="launched before the capture began.*wait\\(\\) for it"):
+        work.wait()
+    assert gpu.end_capture() == "ok"  # nothing was queried on the capturing thread
+    gpu.hold_events(False)
+    work.wait()
+    assert settle(gpu) == []

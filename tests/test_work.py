@@ -48,6 +48,37 @@ def test_future_then_runs_after_the_op(rank_pools, world_size):
     rank_pools(world_size).run(_future_then_runs_after_the_op)
 
 
+def _callbacks_see_finished_outputs(ctx):
+    # A comm hook attached before the op has run is called the moment its future completes,
+    # so the future must complete after the op's finish: the copy into a list of outputs,
+    # the copy back into a non-contiguous tensor, AVG's division (SUM, then divide, here).
+    n, me = ctx.world_size, ctx.rank
+    first = torch.ones(1)
+    if me != 0:  # rank 0's worker waits in this op until the others arrive
+        dist.barrier(group=ctx.gloo)
+    held_up = dist.all_reduce(first, async_op=True)
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (me + 1)  # not contiguous
+    outputs = [torch.zeros(2) for _ in range(n)]
+    seen = {}
+    avg = dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True)
+    gather = dist.all_gather(outputs, torch.full((2,), float(me)), async_op=True)
+    avg.get_future().then(lambda f: seen.__setitem__("avg", f.value()[0].clone()))
+    gather.get_future().then(lambda f: seen.__setitem__("gather", [t.clone() for t in f.value()]))
+    if me == 0:
+        dist.barrier(group=ctx.gloo)  # only now may the others arrive
+    for work in (held_up, avg, gather):
+        work.wait()
+    mean = sum(r + 1 for r in range(n)) / n
+    assert torch.equal(seen["avg"], torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * mean)
+    assert [t.tolist() for t in seen["gather"]] == [[float(r)] * 2 for r in range(n)]
+    return True
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_callbacks_see_the_finished_outputs(rank_pools, world_size):
+    assert rank_pools(world_size).run(_callbacks_see_finished_outputs) == [True] * world_size
+
+
 def _sync_work_is_complete_at_return(ctx):
     x = torch.ones(3)
     work = dist.distributed_c10d._get_default_group().allreduce([x])

@@ -363,6 +363,7 @@ ncclResult_t RecordingNccl::issue(const char* function, const std::string& line,
   }
   auto launch = launchOf(*comm, {op});
   if (const int polls = takeInProgress(function); polls > 0) {
+    gpu_->log().add(std::string(function) + " -> ncclInProgress");
     comm->busyPolls = polls;
     comm->pending.push_back(Pending{stream, std::move(launch), std::move(buffers)});
     gpu_->markEnqueueInProgress(stream, function);
@@ -509,6 +510,7 @@ ncclResult_t RecordingNccl::endGroup(int64_t commNumber, StreamId stream, std::v
   if (inProgress) {
     // A non-blocking communicator still enqueueing the group: its kernels are on the stream
     // only once ncclCommGetAsyncError says so.
+    gpu_->log().add("ncclGroupEnd() -> ncclInProgress on " + comm.name);
     comm.busyPolls = polls;
     comm.pending.push_back(Pending{stream, std::move(launch), std::move(buffers)});
     gpu_->markEnqueueInProgress(stream, "ncclGroupEnd");
