@@ -1,0 +1,277 @@
+# ruff: noqa: E501  (the mutants quote whole lines of C++)
+"""Mutation audit of the production code (csrc/core, csrc/cuda): each mutant plants one defect,
+the extension is rebuilt, and the no-GPU tests run against it. A mutant must be caught by a
+behaviour test (a value, a violation the fake GPU reports, an error), not only by a test that
+pins an exact call log; the report says which caught it.
+
+    python scripts/mutation_audit.py [--only NAME ...] [--json FILE]
+
+It edits csrc/ in place and rebuilds in place (restoring every file afterwards), so run it in a
+checkout of its own: `git worktree add ../audit && cd ../audit`, with PYTHONPATH=python so that
+the tests import the extension built there. One mutant takes a few minutes on two cores.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Behaviour tests: values, the fake GPU's violations, errors. The exact call logs of
+# tests/test_cuda_call_sequences.py run only for mutants these miss.
+BEHAVIOUR = [
+    "tests/test_nccl_lifecycle.py",
+    "tests/test_nccl_path_semantics.py",
+    "tests/test_fake_models.py::test_memory_a_read_of_freed_memory_is_reported",
+    "tests/test_fake_models.py::test_capture_a_prohibited_query_invalidates_it",
+    "tests/test_fake_models.py::test_aten_kernels_run_in_stream_order",
+    "tests/test_fake_models.py::test_peers_a_send_completes_only_with_its_recv",
+    "tests/test_fake_models.py::test_in_progress_a_group_end_can_be_still_enqueueing",
+    "tests/test_teardown.py",
+    "tests/test_work.py",
+    "tests/test_ordering_sim.py",
+    "tests/test_faults.py",
+]
+CALL_LOGS = ["tests/test_cuda_call_sequences.py"]
+
+
+@dataclass
+class Mutant:
+    name: str
+    what: str
+    file: str
+    edits: list  # (old, new) pairs, each `old` found exactly once in `file`
+    more: tuple = ()  # (file, old, new) edits of other files
+
+
+MUTANTS = [
+    # --- the defects of issue 16, planted again
+    Mutant("wait-releases-before-end", "wait() lets go of the tensors before the op's end",
+           "csrc/core/Work.cpp",
+           [("  } else if (pollEnd() == EndState::Passed) {\n    releaseTensors();",
+             "  } else {\n    releaseTensors();")]),
+    Mutant("future-before-finish", "the future completes before the op's finish kernels",
+           "csrc/core/ProcessGroup.cpp",
+           [("      held->issue(*communicator, kernels, opStream);\n      if (held->finish) {\n"
+             "        held->finish(kernels);\n      }\n      outcome->succeed(outputs);",
+             "      held->issue(*communicator, kernels, opStream);\n      outcome->succeed(outputs);\n"
+             "      if (held->finish) {\n        held->finish(kernels);\n      }")]),
+    Mutant("future-not-device-aware", "futures name no device", "csrc/cuda/CudaDevice.hpp",
+           [("{ return cuda_->futureDevices(device_); }", "{ return {}; }")]),
+    Mutant("synchronize-does-nothing", "Work::synchronize() joins nothing", "csrc/core/Work.cpp",
+           [("void Work::synchronize() {\n  joinCurrentStream();",
+             "void Work::synchronize() {\n  return;\n  joinCurrentStream();")]),
+    Mutant("destroy-aborts-in-flight", "teardown aborts instead of finishing the ops in flight",
+           "csrc/core/ProcessGroup.cpp",
+           [("  const bool finished = watchdog_->finish(deadline);",
+             "  const bool finished = false;")]),
+    Mutant("captured-op-holds-nothing", "a captured op's Work holds nothing",
+           "csrc/core/ProcessGroup.cpp",
+           [("    work->markCaptured(held);", "    work->releaseTensors();\n    work->markCaptured(nullptr);")]),
+    Mutant("failed-released-before-end", "failed ops are let go before their end",
+           "csrc/core/Watchdog.cpp",
+           [("    append(failedRunning_, failing);", "    append(ended_, failing);")]),
+    # Both guards: an event query's error kept as the op's (Work::pollEnd), and the loop's.
+    Mutant("watchdog-without-try-catch", "the watchdog lets a CUDA error escape its thread",
+           "csrc/core/Work.cpp",
+           [("  } catch (...) {\n    {\n      std::lock_guard<std::mutex> lock(mutex_);\n"
+             "      deviceError_ = std::current_exception();",
+             "  } catch (const c10::IndexError&) {\n    {\n      std::lock_guard<std::mutex> lock(mutex_);\n"
+             "      deviceError_ = std::current_exception();")],
+           (("csrc/core/Watchdog.cpp", "    try {\n      check();\n    } catch (...) {",
+             "    check();\n    if (false) {"),)),
+    Mutant("band-accepted-on-cuda", "BAND/BOR/BXOR pass the checks on CUDA",
+           "csrc/cuda/NcclCommunicator.cpp",
+           [("  if (kind == ReduceKind::BitAnd || kind == ReduceKind::BitOr || kind == ReduceKind::BitXor) {",
+             "  if (false) {")]),
+    # --- the stream contract
+    Mutant("no-ready-wait", "the internal stream does not wait for the caller's work",
+           "csrc/core/ProcessGroup.cpp", [("  ready->block(opStream);\n", "")]),
+    Mutant("async-work-holds-nothing", "an async op's Work holds no tensors",
+           "csrc/core/ProcessGroup.cpp",
+           [("  work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);",
+             "  work->setEnd(std::move(end), {}, /*joinOnWait=*/true);")]),
+    Mutant("wait-joins-internal-stream", "wait() makes the internal stream wait, not the caller's",
+           "csrc/core/Work.cpp",
+           [("  refuseWaitInsideCapture(current);\n  end_->block(current);",
+             "  refuseWaitInsideCapture(current);\n  end_->block(device_->internalStream());")]),
+    Mutant("op-stream-not-current", "the task runs without the op's stream current",
+           "csrc/cuda/CudaDevice.cpp", [("    CurrentStreamGuard guard(*cuda, stream);\n", "")]),
+    Mutant("task-without-device", "the task runs without the group's device current",
+           "csrc/cuda/CudaDevice.cpp",
+           [("    auto onDevice = cuda->useDevice(device);\n    CurrentStreamGuard",
+             "    CurrentStreamGuard")]),
+    Mutant("sync-op-not-watched", "a sync op's end is not tracked", "csrc/core/ProcessGroup.cpp",
+           [("    work->setEnd(std::move(end), {}, /*joinOnWait=*/false);\n    watchdog_->track(work);",
+             "    work->setEnd(std::move(end), {}, /*joinOnWait=*/false);")]),
+    # --- lowering and kernels
+    Mutant("allgather-buffers-swapped", "ncclAllGather is given the output as its send buffer",
+           "csrc/cuda/NcclCommunicator.cpp",
+           [("nccl_->allGather(input.data_ptr(), output.data_ptr(),",
+             "nccl_->allGather(output.data_ptr(), output.data_ptr(),")]),
+    Mutant("reduce-scatter-count", "ncclReduceScatter is given the input's count",
+           "csrc/cuda/NcclCommunicator.cpp",
+           [("nccl_->reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,",
+             "nccl_->reduceScatter(input.data_ptr(), output.data_ptr(), input.numel(), type,")]),
+    Mutant("premul-residence-swapped", "a host factor is declared device-resident",
+           "csrc/cuda/NcclCommunicator.cpp",
+           [("op.factorOnHost ? ncclScalarHostImmediate : ncclScalarDevice",
+             "op.factorOnHost ? ncclScalarDevice : ncclScalarHostImmediate")]),
+    Mutant("avg-not-divided", "AVG's division is skipped", "csrc/core/Lowering.cpp",
+           [("    kernels.divide(result, size);", "    (void)size;")]),
+    Mutant("no-copy-back", "results computed in a copy are not copied back",
+           "csrc/core/Lowering.cpp", [("    kernels.copy(target, computed);", "    (void)computed;")]),
+    Mutant("contiguous-is-identity", "a non-contiguous tensor is handed on as it is",
+           "csrc/core/Kernels.cpp", [("  if (tensor.is_contiguous()) {", "  if (true) {")]),
+    Mutant("group-left-open", "a failing call leaves NCCL's group open", "csrc/core/Communicator.hpp",
+           [("      try {\n        communicator_.groupEnd();\n      } catch (...) {",
+             "      try {\n      } catch (...) {")]),
+    # --- the NCCL connection
+    Mutant("in-progress-not-polled", "a call that returned ncclInProgress is not waited for",
+           "csrc/cuda/NcclConnection.cpp",
+           [("  if (result == ncclInProgress) {\n    // A non-blocking communicator is still enqueueing",
+             "  if (result == ncclInProgress) {\n    result = ncclSuccess;\n  }\n  if (false) {\n    // A non-blocking communicator is still enqueueing")]),
+    Mutant("close-skips-finalize", "teardown destroys without finalizing",
+           "csrc/cuda/NcclConnection.cpp",
+           [("    ncclResult_t result = nccl().commFinalize(comm);", "    ncclResult_t result = ncclSuccess;")]),
+    Mutant("abort-without-waiting-uses", "abort frees the communicator under a call in progress",
+           "csrc/cuda/NcclConnection.cpp",
+           [("    if (!changed_.wait_for(lock, kAbortGrace, [&] { return uses_ == 0; })) {",
+             "    if (false) {")]),
+    # --- the watchdog and teardown
+    Mutant("timeouts-ignored", "the watchdog times nothing out", "csrc/core/Watchdog.cpp",
+           [("return now > work.deadline();", "return false && now > work.deadline();")]),
+    Mutant("async-errors-ignored", "asynchronous NCCL errors are not polled",
+           "csrc/core/Watchdog.cpp",
+           [("    if (std::string error = communicator->asyncError(); !error.empty()) {",
+             "    if (std::string error; !error.empty()) {")]),
+    Mutant("break-does-not-abort", "breaking the group aborts no communicator",
+           "csrc/core/Watchdog.cpp",
+           [("    append(failedRunning_, failing);\n  }\n  abortCommunicators();",
+             "    append(failedRunning_, failing);\n  }")]),
+    Mutant("completed-never-released", "a completed op's Work keeps its tensors",
+           "csrc/core/Watchdog.cpp",
+           [("  settle(faulted);\n  for (auto& work : released) {\n    work->releaseTensors();\n  }",
+             "  settle(faulted);")]),
+    Mutant("started-at-issue", "the flight recorder marks an op started when it is issued",
+           "csrc/core/ProcessGroup.cpp",
+           [("  const bool startsWithTask = device.tasksRunInStreamOrder();",
+             "  const bool startsWithTask = true;")]),
+    Mutant("captured-op-tracked", "a captured op is watched (its events queried)",
+           "csrc/core/ProcessGroup.cpp",
+           [("    work->markCaptured(held);\n    watchdog_->trackCaptured(work);\n    return work;",
+             "    watchdog_->track(work);\n    return work;")]),
+    Mutant("shared-gate-unused", "one hardware queue: the lanes keep gates of their own",
+           "csrc/cuda/CudaPath.cpp",
+           [("auto gate = oneQueue ? sharedGate : std::make_shared<StreamGate>();",
+             "auto gate = std::make_shared<StreamGate>();")]),
+    Mutant("refuse-after-shutdown-missing", "a shut-down group takes new ops",
+           "csrc/core/ProcessGroup.cpp",
+           [("  if (shutDown_.load(std::memory_order_acquire)) {", "  if (false) {")]),
+    Mutant("wait-inside-capture-not-refused", "wait() inside a capture queries an outside op",
+           "csrc/core/Work.cpp",
+           [("  STREAMNCCL_CHECK_ARG(captured_ || !device_->isCapturing(current), info_.name,",
+             "  STREAMNCCL_CHECK_ARG(true, info_.name,")]),
+    Mutant("capture-mode-not-thread-local", "the watchdog queries in the global capture mode",
+           "csrc/cuda/CudaDevice.cpp",
+           [("      : cuda_(cuda), previous_(cuda.exchangeCaptureMode(cudaStreamCaptureModeThreadLocal)) {}",
+             "      : cuda_(cuda), previous_(cuda.exchangeCaptureMode(cudaStreamCaptureModeGlobal)) {}")]),
+    Mutant("gate-issues-out-of-order", "a lane's held-back work is issued newest first",
+           "csrc/cuda/CudaDevice.cpp",
+           [("      issue = std::move(waiting_.front());\n      waiting_.pop_front();",
+             "      issue = std::move(waiting_.back());\n      waiting_.pop_back();")]),
+]  # fmt: skip
+
+
+def run(command, timeout, env=None):
+    started = time.monotonic()
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env=env)  # fmt: skip
+        return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+    except subprocess.TimeoutExpired as hung:
+        return -1, f"timed out after {timeout} s\n{hung.stdout or ''}", time.monotonic() - started
+
+
+def build():
+    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+    return run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], 1800, env)
+
+
+def first_failure(output):
+    for line in output.splitlines():
+        if line.startswith("FAILED ") or line.startswith("ERROR "):
+            return line.split(" - ")[0]
+    return output.strip().splitlines()[-1] if output.strip() else "?"
+
+
+def tests(selection):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    return run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection],
+               1800, env)  # fmt: skip
+
+
+def mutate(mutant):
+    """The mutated text of every file the mutant edits, and the originals."""
+    edits = [(mutant.file, old, new) for old, new in mutant.edits] + list(mutant.more)
+    originals, mutated = {}, {}
+    for file, old, new in edits:
+        text = mutated.get(file) or (ROOT / file).read_text()
+        originals.setdefault(file, (ROOT / file).read_text())
+        count = text.count(old)
+        assert count == 1, f"{mutant.name}: expected the text once in {file}, found {count}"
+        mutated[file] = text.replace(old, new)
+    return originals, mutated
+
+
+def audit(mutant):
+    originals, mutated = mutate(mutant)
+    for file, text in mutated.items():
+        (ROOT / file).write_text(text)
+    try:
+        code, output, _ = build()
+        if code != 0:
+            return {"result": "build failed", "detail": output[-2000:]}
+        code, output, seconds = tests(BEHAVIOUR)
+        if code != 0:
+            return {"result": "caught", "by": first_failure(output), "seconds": round(seconds)}
+        code, output, seconds = tests(CALL_LOGS)
+        if code != 0:
+            return {"result": "caught by a call log only", "by": first_failure(output)}
+        return {"result": "survived"}
+    finally:
+        for file, text in originals.items():
+            (ROOT / file).write_text(text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", help="names of the mutants to run")
+    parser.add_argument("--json", help="where to write the results")
+    parser.add_argument("--check", action="store_true", help="only check every mutant applies")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.check:
+        for mutant in chosen:
+            mutate(mutant)
+        print(f"{len(chosen)} mutants apply")
+        return 0
+    results = {}
+    for mutant in chosen:
+        result = audit(mutant)
+        results[mutant.name] = dict(result, what=mutant.what, file=mutant.file)
+        print(f"{mutant.name:36} {result['result']:28} {result.get('by', '')}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+    code, output, _ = build()  # the unmutated extension again
+    caught = sum(r["result"] == "caught" for r in results.values())
+    print(f"{caught} of {len(results)} caught by a behaviour test")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
