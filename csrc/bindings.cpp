@@ -230,7 +230,8 @@ void bindRecording(py::module_& m) {
           py::arg("mode"))
       .def("end_capture", &FakeGpu::endCapture)
       .def("last_graph", &FakeGpu::lastGraph)
-      .def("replay", &FakeGpu::replay, py::arg("graph"));
+      .def("replay", &FakeGpu::replay, py::arg("graph"))
+      .def("destroy_graph", &FakeGpu::destroyGraph, py::arg("graph"));
   m.def(
       "_recording_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Millis timeout,
@@ -330,10 +331,11 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_dump_flight_recorder",
       [] {
-        ProcessGroup::retireCompletedOfAll();
         std::string dump;
         {
+          // Without the GIL: a group shutting down holds the groups' lock and may need it.
           py::gil_scoped_release noGil;
+          ProcessGroup::retireCompletedOfAll();
           dump = FlightRecorder::instance().dump();
         }
         return py::bytes(dump);

@@ -73,6 +73,12 @@ def connect(groups):
     return groups
 
 
+def shut_down(groups):
+    """Shuts every rank's group down at once, as separate processes would: a node's ranks
+    finalize a communicator together, so one thread closing them in turn would wait."""
+    run_ranks(groups, lambda rank, pg, gpu: pg.shutdown())
+
+
 def run_ranks(groups, program, timeout_s=30):
     """Runs program(rank, pg, gpu) for every rank, each on a thread of its own; returns their
     results in rank order. A rank that raises or does not end in time fails the test."""

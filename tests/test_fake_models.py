@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -37,7 +38,7 @@ LOAD_BEARING = {
         "test_fake_models.py::test_peers_a_send_completes_only_with_its_recv",
         "test_nccl_lifecycle.py::test_an_isend_irecv_swap_runs_with_a_queue_per_stream",
     ],
-    "teardown": ["test_nccl_lifecycle.py::test_a_replay_still_running_is_flushed_by_finalize"],
+    "teardown": ["test_fake_models.py::test_teardown_finalize_waits_for_every_member"],
     "progress": ["test_fake_models.py::test_progress_the_gpu_runs_without_being_asked"],
     "in_progress": ["test_fake_models.py::test_in_progress_a_group_end_can_be_still_enqueueing"],
     "cuda_errors": [
@@ -82,9 +83,14 @@ def test_capture_a_prohibited_query_invalidates_it():
     gpu.hold_events(True)
     work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
     gpu.begin_capture("global")
-    work.is_completed()  # a query on the capturing thread: CUDA refuses it and the capture
+    # A query on the capturing thread: CUDA refuses it, and invalidates the capture.
+    assert not work.is_completed()
     assert gpu.end_capture().startswith("invalidated: cudaEventQuery on the capturing thread")
     gpu.hold_events(False)
+    # The device is fine: the op is still in flight, and completes, and the group goes on.
+    work.wait()
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions, False)).wait()
+    assert settle(gpu) == []
 
 
 def test_aten_kernels_run_in_stream_order():
@@ -117,6 +123,24 @@ def test_peers_a_send_completes_only_with_its_recv():
     pg1.recv([inbox], 0, 0).wait(timedelta(seconds=10))
     sent.wait(timedelta(seconds=10))
     assert gpu1.synchronize() and torch.equal(inbox, torch.full((4,), 7.0))
+    fakes.shut_down(groups)
+
+
+def test_teardown_finalize_waits_for_every_member():
+    # A node's ranks finalize a communicator together: rank 0's teardown ends only once
+    # rank 1 has begun its own.
+    groups = fakes.connect(fake_ranks(2))
+    (pg0, gpu0), (pg1, gpu1) = groups
+    closing = threading.Thread(target=pg0.shutdown)
+    closing.start()
+    closing.join(0.5)
+    assert closing.is_alive(), "rank 0 finalized alone"
+    pg1.shutdown()
+    closing.join(10)
+    assert not closing.is_alive()
+    for gpu in (gpu0, gpu1):
+        calls = gpu.calls()
+        assert calls.index("ncclCommFinalize(C0)") < calls.index("ncclCommDestroy(C0)")
 
 
 def test_progress_the_gpu_runs_without_being_asked():

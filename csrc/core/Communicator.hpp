@@ -91,9 +91,21 @@ class Communicator {
   virtual void abort() = 0;
   // Ends the communicator in order at the group's end, once its ops have completed: NCCL
   // finalizes it (flushing what it still has in flight, every member doing the same) and then
-  // destroys it, by `deadline`. Returns why it had to be aborted instead, or empty. No call may
-  // be made afterwards.
-  virtual std::string close(std::chrono::steady_clock::time_point /*deadline*/) { return {}; }
+  // destroys it. In two steps, so that a rank starts finalizing all of its communicators before
+  // it waits for any: a node's ranks finalize together, and need not close theirs in one
+  // order. No call may be made afterwards.
+  virtual void beginClose() {}
+  // Waits for beginClose()'s finalizing, by `deadline`, and destroys the communicator. Returns
+  // why it had to be aborted (or left) instead, or empty.
+  virtual std::string endClose(std::chrono::steady_clock::time_point /*deadline*/) { return {}; }
+  // Work on this communicator was captured into a CUDA graph (which NCCL ties it to).
+  virtual void noteCaptured() {}
+  // The same on every member: ranks order the calls NCCL makes collective among a node's
+  // ranks (abort, finalize) by it, so that they meet in one order.
+  virtual const std::string& key() const {
+    static const std::string none;
+    return none;
+  }
   // A fault the communicator found on its own, outside any call (NCCL's asynchronous
   // errors), described; empty when there is none. Polled by the watchdog.
   virtual std::string asyncError() = 0;

@@ -50,7 +50,12 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
 
 void ProcessGroup::shutdownAll() {
   std::lock_guard<std::mutex> lock(liveGroupsMutex);  // a group's destructor waits meanwhile
-  for (ProcessGroup* group : liveGroups()) {
+  // In the order the groups were made, which every rank shares: closing a group's
+  // communicators meets the other ranks' closing of theirs.
+  std::vector<ProcessGroup*> groups(liveGroups().begin(), liveGroups().end());
+  std::sort(groups.begin(), groups.end(),
+            [](const ProcessGroup* a, const ProcessGroup* b) { return a->uid_ < b->uid_; });
+  for (ProcessGroup* group : groups) {
     group->shutdown();
   }
 }
@@ -101,9 +106,11 @@ void ProcessGroup::close() {
       LOG(ERROR) << who() << " " << why;
     }
   }
-  // Failed ops wait for their end, which the aborts let pass; a few seconds at most.
-  const auto grace = std::min(deadline, Watchdog::Clock::now() + std::chrono::seconds(10));
-  if (const size_t kept = watchdog_->releaseAll(std::max(grace, Watchdog::Clock::now()))) {
+  // Failed ops wait for their end, which the aborts let pass: a few seconds at most, and no
+  // longer than the group's timeout.
+  const auto grace =
+      std::min<std::chrono::milliseconds>(std::chrono::seconds(10), options_->timeout);
+  if (const size_t kept = watchdog_->releaseAll(Watchdog::Clock::now() + grace)) {
     LOG(ERROR) << who() << " " << kept << " failed op(s) still had kernels queued after the "
                << "abort: their tensors are kept for good rather than freed under them";
   }
@@ -268,6 +275,14 @@ Path& ProcessGroup::laneFor(const c10::Device& device, int peer, Direction direc
       return opened;
     });
   });
+  if (options_->hasSingleHardwareQueue()) {
+    // One hardware queue runs work in issue order across every stream, so held-back first
+    // ops would reach it after later ones (a collective, say) and wait in a circle with a peer
+    // that issued them in program order. Here the first contact waits until both lanes have
+    // connected (up to the timeout), as ProcessGroupNCCL's blocking init does.
+    lanes.sends->communicator->waitReady();
+    lanes.receives->communicator->waitReady();
+  }
   return direction == Direction::Send ? *lanes.sends : *lanes.receives;
 }
 
@@ -389,6 +404,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   if (captured) {
     // A lane still connecting would issue the op after the capture has ended.
     path.communicator->waitReady();
+    path.communicator->noteCaptured();  // NCCL now ties the communicator to the graph
   } else {
     watchdog_->releaseCompleted();  // earlier ops that completed, recorded before this one
   }

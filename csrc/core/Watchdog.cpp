@@ -330,17 +330,26 @@ std::vector<std::string> Watchdog::unfinished() {
 }
 
 std::vector<std::string> Watchdog::closeCommunicators(Clock::time_point deadline) {
-  std::vector<std::string> aborted;
-  for (const auto& communicator : liveCommunicators()) {
+  const auto communicators = liveCommunicators();
+  std::vector<std::string> notes;
+  // Every finalize begins before any is waited for: a node's ranks finalize together.
+  for (const auto& communicator : communicators) {
     try {
-      if (std::string why = communicator->close(deadline); !why.empty()) {
-        aborted.push_back(std::move(why));
-      }
+      communicator->beginClose();
     } catch (const std::exception& e) {
-      aborted.push_back(e.what());
+      notes.push_back(e.what());
     }
   }
-  return aborted;
+  for (const auto& communicator : communicators) {
+    try {
+      if (std::string why = communicator->endClose(deadline); !why.empty()) {
+        notes.push_back(std::move(why));
+      }
+    } catch (const std::exception& e) {
+      notes.push_back(e.what());
+    }
+  }
+  return notes;
 }
 
 void Watchdog::stopConnecting() {
@@ -360,6 +369,9 @@ std::vector<std::shared_ptr<Communicator>> Watchdog::liveCommunicators(bool lock
       live.push_back(std::move(communicator));
     }
   }
+  // In an order every member shares (abort and finalize are collective among a node's ranks).
+  std::stable_sort(live.begin(), live.end(),
+                   [](const auto& a, const auto& b) { return a->key() < b->key(); });
   return live;
 }
 
@@ -391,9 +403,14 @@ size_t Watchdog::releaseAll(Clock::time_point deadline) {
     append(released, ended_);
     append(released, captured_);
     kept = failedRunning_.size();
+  }
+  if (kept > 0) {
     // Kept for good: freeing memory that a kernel still uses would corrupt what the caching
     // allocator hands out next.
-    static auto* leaked = new Works();  // never destroyed
+    static auto* leakedMutex = new std::mutex();  // never destroyed, as what it guards
+    static auto* leaked = new Works();
+    std::lock_guard<std::mutex> leakedLock(*leakedMutex);
+    std::lock_guard<std::mutex> lock(mutex_);
     append(*leaked, failedRunning_);
   }
   for (auto& work : released) {

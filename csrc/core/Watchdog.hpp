@@ -79,8 +79,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // The ops still in flight, described, for the message of a teardown that gives up.
   std::vector<std::string> unfinished();
   void abortCommunicators();
-  // Closes every communicator in order (Communicator::close), each by `deadline`; returns
-  // what had to be aborted instead, one line each.
+  // Closes every communicator in order (Communicator::beginClose, then endClose), by
+  // `deadline`; returns what had to be aborted or left instead, one line each.
   std::vector<std::string> closeCommunicators(Clock::time_point deadline);
   // Lets go of every op still held, at the group's end, after its communicators closed or
   // were aborted. A failed op whose end has not passed by `deadline` keeps its tensors for

@@ -58,9 +58,12 @@ class CudaApi {
   // With the stream's device current.
   virtual void recordEvent(cudaEvent_t event, c10::Stream stream) = 0;
   virtual void streamWaitEvent(c10::Stream stream, cudaEvent_t event) = 0;
-  // cudaEventQuery, with the event's device current: true once the recorded work has run;
-  // never blocks. Throws on an error, as for an event recorded during a capture.
-  virtual bool queryEvent(cudaEvent_t event) = 0;
+  // cudaEventQuery, with the event's device current; never blocks. Unanswered where CUDA
+  // refuses the query without anything being wrong with the device (the calling thread is
+  // capturing, or the event was recorded in a capture); throws on any other error, which means
+  // the device has failed.
+  enum class EventStatus { Passed, Pending, Unanswered };
+  virtual EventStatus queryEvent(cudaEvent_t event) = 0;
   // cudaEventElapsedTime, with the events' device current: both made with timing, both passed.
   virtual float elapsedMs(cudaEvent_t start, cudaEvent_t end) = 0;
 

@@ -112,7 +112,8 @@ class CudaEvent final : public Event {
     }
     auto onDevice = state_->cuda->useDevice(state_->device);  // no context on device 0
     CaptureModeScope threadLocal(*state_->cuda);
-    return state_->cuda->queryEvent(state_->event);
+    // Unanswered (a capture forbids looking now) is not yet passed: the op stays in flight.
+    return state_->cuda->queryEvent(state_->event) == CudaApi::EventStatus::Passed;
   }
 
   std::optional<double> millisecondsSince(Event& start) override {

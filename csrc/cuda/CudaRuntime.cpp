@@ -88,14 +88,25 @@ class CudaRuntime final : public CudaApi {
   void streamWaitEvent(c10::Stream stream, cudaEvent_t event) override {
     C10_CUDA_CHECK(cudaStreamWaitEvent(native(stream), event, 0));
   }
-  bool queryEvent(cudaEvent_t event) override {
+  EventStatus queryEvent(cudaEvent_t event) override {
     const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: clear it so that later checks do not see it
-      return false;
+    switch (status) {
+      case cudaSuccess:
+        return EventStatus::Passed;
+      case cudaErrorNotReady:
+        (void)cudaGetLastError();  // not an error: clear it so that later checks do not see it
+        return EventStatus::Pending;
+      case cudaErrorStreamCaptureUnsupported:
+      case cudaErrorStreamCaptureInvalidated:
+      case cudaErrorCapturedEvent:
+        // A capture forbids the query (it is invalidated if it was the thread's own): the
+        // device is fine, the answer only unknown for now.
+        (void)cudaGetLastError();
+        return EventStatus::Unanswered;
+      default:
+        C10_CUDA_CHECK(status);
+        return EventStatus::Passed;
     }
-    C10_CUDA_CHECK(status);
-    return true;
   }
   float elapsedMs(cudaEvent_t start, cudaEvent_t end) override {
     float ms = 0;

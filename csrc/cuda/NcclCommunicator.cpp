@@ -129,6 +129,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       who_(std::move(membership.who)),
       members_(std::move(membership.members)),
       computeCapability_(cuda_->computeCapability(device)),
+      key_(membership.idKey),
       connection_(NcclConnection::open(NcclConnection::Settings{
           nccl_, cuda_, std::move(store), device,
           members_.empty() ? groupSize : static_cast<int>(members_.size()), commRank(groupRank),

@@ -64,9 +64,12 @@ class NcclCommunicator final : public Communicator {
   void waitReady() override { connection_->waitConnected(); }
   void stopConnecting() override { connection_->abandon(); }
   void abort() override { connection_->abort(); }
-  std::string close(std::chrono::steady_clock::time_point deadline) override {
-    return connection_->close(deadline);
+  void beginClose() override { connection_->beginClose(); }
+  std::string endClose(std::chrono::steady_clock::time_point deadline) override {
+    return connection_->endClose(deadline);
   }
+  void noteCaptured() override { connection_->noteCaptured(); }
+  const std::string& key() const override { return key_; }
   std::string asyncError() override { return connection_->asyncError(); }
 
  private:
@@ -78,6 +81,7 @@ class NcclCommunicator final : public Communicator {
   const std::string who_;
   const std::vector<int> members_;
   const int computeCapability_;
+  const std::string key_;  // the unique id's Store key, the same on every member
   const std::shared_ptr<NcclConnection> connection_;
   int groupDepth_ = 0;  // touched by the one task issuing on this communicator at a time
 };

@@ -47,7 +47,8 @@ NcclConnection::~NcclConnection() {
   }
   // Its group closes it (ProcessGroup::shutdown): this is a communicator no group closed.
   try {
-    if (std::string why = close(std::chrono::steady_clock::now() + settings_.timeout);
+    beginClose();
+    if (std::string why = endClose(std::chrono::steady_clock::now() + settings_.timeout);
         !why.empty()) {
       LOG(WARNING) << who() << " " << why;
     }
@@ -282,6 +283,17 @@ void NcclConnection::abort() {
     comm = comm_;
   }
   changed_.notify_all();
+  bool captured = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    captured = captured_;
+  }
+  if (comm != nullptr && captured) {
+    // As at close: NCCL's abort too waits for the graphs that captured work on it.
+    LOG(WARNING) << who() << " not aborted: work on it was captured into a CUDA graph, and "
+                 << "NCCL would wait for every such graph to be destroyed";
+    return;
+  }
   if (comm != nullptr) {
     auto onDevice = settings_.cuda->useDevice(settings_.device);
     const ncclResult_t result = nccl().commAbort(comm);
@@ -291,28 +303,66 @@ void NcclConnection::abort() {
   }
 }
 
-std::string NcclConnection::close(std::chrono::steady_clock::time_point deadline) {
+void NcclConnection::beginClose() {
   ncclComm_t comm = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     if (aborted_ || closed_) {
-      return {};
+      return;
     }
     closed_ = true;  // no Use from now on
-    if (state_ == State::Connected) {
+    // A call in progress on another thread (NCCL communicators are not thread-safe) ends
+    // before the communicator is finalized under it.
+    if (!changed_.wait_for(lock, kAbortGrace, [&] { return uses_ == 0; })) {
+      LOG(WARNING) << who() << " a call on the communicator did not return within "
+                   << kAbortGrace.count() << " s of its group's end; finalizing it anyway";
+    }
+    if (captured_ || state_ != State::Connected) {
+      closing_ = captured_ ? Closing::LeftForGraphs : Closing::Aborting;
+    } else {
       comm = comm_;
       ++uses_;  // finalizing is a use that abort() waits for
+      closing_ = Closing::Finalizing;
     }
   }
   if (comm == nullptr) {
-    // Still connecting (nobody will use it now), or never connected: nothing to flush.
-    abort();
-    return {};
+    return;
+  }
+  auto onDevice = settings_.cuda->useDevice(settings_.device);
+  finalized_ = nccl().commFinalize(comm);
+}
+
+std::string NcclConnection::endClose(std::chrono::steady_clock::time_point deadline) {
+  Closing closing = Closing::None;
+  ncclComm_t comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing = std::exchange(closing_, Closing::None);
+    comm = comm_;
+  }
+  switch (closing) {
+    case Closing::None:
+      return {};
+    case Closing::Aborting:
+      // Still connecting (nobody will use it now), or never connected: nothing to flush.
+      abort();
+      return {};
+    case Closing::LeftForGraphs:
+      // NCCL finalizes, destroys or aborts a communicator only once every CUDA graph that
+      // captured work on it is destroyed, and the group cannot know when that is: waiting
+      // here could be forever (at exit, always). So it is left to the process's end.
+      LOG(WARNING) << who()
+                   << " left as it is, not finalized: work on it was captured into a CUDA graph, "
+                      "and NCCL would wait for every such graph to be destroyed (destroy the "
+                      "graphs before the group to free it)";
+      return {};
+    case Closing::Finalizing:
+      break;
   }
   std::string why;
   {
     auto onDevice = settings_.cuda->useDevice(settings_.device);
-    ncclResult_t result = nccl().commFinalize(comm);
+    ncclResult_t result = finalized_;
     try {
       if (result == ncclSuccess || result == ncclInProgress) {
         // Finalizing flushes the communicator's work on every member: polled, not blocked
@@ -340,6 +390,11 @@ std::string NcclConnection::close(std::chrono::steady_clock::time_point deadline
   }
   abort();
   return why + ": aborted the communicator instead";
+}
+
+void NcclConnection::noteCaptured() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  captured_ = true;
 }
 
 void NcclConnection::abandon() {

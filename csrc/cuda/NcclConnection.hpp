@@ -14,9 +14,10 @@
 // the call's kernel). abort() waits for the Uses in progress to end (polling loops see the
 // abort at once) before ncclCommAbort frees the communicator, so no call ever uses a freed one.
 //
-// At the group's end close() ends it in order: ncclCommFinalize, polled until NCCL has
-// flushed the communicator's work on every member, then ncclCommDestroy; an abort only when
-// that does not finish by the deadline.
+// At the group's end it is closed in order: ncclCommFinalize, polled until NCCL has flushed
+// the communicator's work on every member, then ncclCommDestroy; an abort only when that does
+// not finish by the deadline. A communicator with work captured into a CUDA graph is left
+// alone: NCCL would wait for the graph's destruction, which may never come.
 
 #include "cuda/CudaApi.hpp"
 #include "cuda/NcclApi.hpp"
@@ -89,10 +90,15 @@ class NcclConnection {
 
   // Aborts the communicator (or the connecting) for good; returns without waiting for peers.
   void abort();
-  // Finalizes the communicator, waits until that is done (by `deadline`) and destroys it;
-  // aborts it instead when it does not finish in time, or fails, or is still connecting, and
-  // returns why then (empty otherwise).
-  std::string close(std::chrono::steady_clock::time_point deadline);
+  // Closing in two steps (see Communicator::beginClose): beginClose() waits for a call in
+  // progress and starts finalizing; endClose() waits until that is done (by `deadline`) and
+  // destroys the communicator. It is aborted instead when that does not finish in time, or
+  // fails, or when it is still connecting, and endClose() says why (empty otherwise). One
+  // with work captured into a CUDA graph is left alone, and endClose() says so.
+  void beginClose();
+  std::string endClose(std::chrono::steady_clock::time_point deadline);
+  // Work on the communicator was captured into a CUDA graph.
+  void noteCaptured();
   // Its owner lets go: a connection still being made is aborted, since nobody will use it.
   void abandon();
   // The communicator's asynchronous error, described; empty when there is none (or it is not
@@ -125,6 +131,10 @@ class NcclConnection {
   std::exception_ptr failure_;
   bool aborted_ = false;
   bool closed_ = false;
+  bool captured_ = false;
+  enum class Closing { None, Finalizing, Aborting, LeftForGraphs };
+  Closing closing_ = Closing::None;  // what beginClose() started, for endClose()
+  ncclResult_t finalized_ = ncclSuccess;
   ncclComm_t comm_ = nullptr;  // null again once destroyed
   int uses_ = 0;
   std::vector<std::function<void()>> whenSettled_;

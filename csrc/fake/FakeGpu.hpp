@@ -20,9 +20,12 @@
 //     allocations come from the graph's private pool, and replays run the kernels again.
 //   - errors: CUDA calls can be made to fail, once or for good (a sticky error).
 // Broken rules are violations in the log (CallLog::takeViolations); calls the real runtime
-// would fail throw as it would. Everything here runs under the world's lock.
+// would fail throw as it would. Everything here runs under the world's lock. Streams, events
+// and each thread's state are in FakeGpu.cpp, kernels in FakeGpuKernels.cpp, capture in
+// FakeGpuCapture.cpp.
 
 #include "core/Device.hpp"
+#include "cuda/CudaApi.hpp"
 #include "fake/CallLog.hpp"
 #include "fake/FakeModels.hpp"
 #include "fake/FakeStreamItem.hpp"
@@ -88,6 +91,7 @@ class FakeGpu {
   StreamId currentStream() const;
   StreamId exchangeCurrentStream(StreamId stream);
   cudaStreamCaptureMode exchangeCaptureMode(cudaStreamCaptureMode mode);
+  static cudaStreamCaptureMode captureModeOfThread();
   // The devices this GPU's calls made a context on (a process would, on each).
   std::set<int> contexts() const;
 
@@ -99,8 +103,9 @@ class FakeGpu {
   void destroyEvent(EventId event);
   void recordEvent(EventId event, StreamId stream);
   void streamWaitEvent(StreamId stream, EventId event);
-  // cudaEventQuery: throws where the runtime would fail it.
-  bool queryEvent(EventId event);
+  // cudaEventQuery: Unanswered where a capture forbids it (and the query invalidates the
+  // capture where CUDA would); throws for an injected CUDA error.
+  CudaApi::EventStatus queryEvent(EventId event);
   // cudaEventElapsedTime: throws where the runtime would fail it (an event without timing,
   // one not recorded or not yet passed, one of a capture). Fake time: 1 us per stream item.
   float elapsedMs(EventId start, EventId end);
@@ -140,8 +145,11 @@ class FakeGpu {
   // A usable graph is kept, as number lastGraph().
   std::string endCapture();
   int lastGraph() const;
-  // Runs graph `graph`'s kernels again, on their streams, in capture order.
+  // Runs graph `graph` on the calling thread's current stream: its kernels run again, on
+  // streams of the replay's own, ordered as they were captured.
   void replay(int graph);
+  // cudaGraphDestroy: the communicators it has work on are free of it.
+  void destroyGraph(int graph);
   // While held, nothing runs on this GPU: the work issued since looks stuck.
   void hold(bool held);
   // Waits until this GPU's streams have run everything (false if they are stuck: `timeout`).
@@ -193,8 +201,13 @@ class FakeGpu {
   };
   struct Graph {
     uint64_t pool = 0;
+    StreamId origin = 0;
     std::vector<CapturedItem> items;
+    std::set<std::pair<uint64_t, int>> communicators;  // (comm, rank) it has work on
   };
+  // Where the streams a replay runs on are numbered from: a graph's own, apart from the
+  // streams a program creates.
+  static constexpr StreamId kGraphStreams = 1000000;
 
   Stream& stream(StreamId id);
   void checkAlive(StreamId id, const std::string& call);
@@ -205,9 +218,9 @@ class FakeGpu {
   void push(StreamId stream, Item item,
             std::optional<std::pair<StreamId, uint64_t>> waitOnCaptured = std::nullopt);
   bool capturedLocked(StreamId stream) const;
-  // A potentially unsafe call (cudaEventQuery): fails and invalidates the capture where the
+  // A potentially unsafe call (cudaEventQuery): false, and the capture invalidated, where the
   // calling thread's capture mode prohibits it.
-  void checkUnsafeCall(const char* call);
+  bool unsafeCallAllowed(const char* call);
   // Poisons a freed block when its stream gets to the free (FakeMemory::PoisonLater).
   void poisonLater(const FakeMemory::Owner& owner, uint8_t* data, uint64_t generation);
   // The allocation owner of the calling thread with `stream` current.
@@ -249,6 +262,7 @@ class FakeGpu {
   std::vector<std::string> ran_;
   int futuresNamingDevice_ = 0;
   uint64_t replaysMade_ = 0;
+  StreamId graphStreamsMade_ = 0;
   // Per replay and block: the latest allocation of the block a replayed item has used. A
   // later capture's allocation of the same memory must not be used before an earlier one's.
   std::map<std::pair<uint64_t, uintptr_t>, uint64_t> replayUses_;

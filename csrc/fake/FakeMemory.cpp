@@ -11,7 +11,10 @@
 namespace streamnccl::fake {
 namespace {
 
-constexpr size_t kAlignment = 64;        // as c10's CPU allocator
+constexpr size_t kAlignment = 64;  // as c10's CPU allocator
+// CUDA's caching allocator rounds small blocks up to 512 bytes and hands a freed block to any
+// request of its size class, not only one of its exact size: so does this one.
+constexpr size_t kSizeClass = 512;
 constexpr size_t kReleasedPerSize = 64;  // blocks kept for reuse per (owner, size)
 constexpr uint8_t kPoison = 0xFF;        // NaN in every floating-point dtype
 
@@ -64,17 +67,17 @@ c10::DataPtr FakeMemory::allocate(size_t bytes) {
     owner = Owner{};  // the thread's GPU is gone: its default stream, of no GPU now
   }
   uint8_t* data = nullptr;
-  auto& released = released_[{owner, bytes}];
+  const size_t capacity = (bytes + kSizeClass - 1) / kSizeClass * kSizeClass;
+  auto& released = released_[{owner, capacity}];
   if (!released.empty()) {
     data = released.back();  // the caching allocator's reuse: the same block, at once
     released.pop_back();
     reuses_.fetch_add(1);
   } else {
-    data = static_cast<uint8_t*>(
-        std::aligned_alloc(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment));
+    data = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity));
     TORCH_CHECK(data != nullptr, "streamnccl fake memory: out of memory for ", bytes, " bytes");
   }
-  blocks_[reinterpret_cast<uintptr_t>(data)] = Record{bytes, true, ++generations_, owner};
+  blocks_[reinterpret_cast<uintptr_t>(data)] = Record{capacity, bytes, true, ++generations_, owner};
   return c10::DataPtr(data, data, &FakeMemory::release, c10::Device(c10::kCPU));
 }
 
@@ -135,7 +138,7 @@ FakeMemory::Block FakeMemory::lookup(const void* pointer) const {
   if (address >= start + std::max<size_t>(record.bytes, 1)) {
     return {};
   }
-  return Block{true, record.live, record.generation, record.owner, start};
+  return Block{true, record.live, record.generation, record.owner, start, record.requested};
 }
 
 std::map<std::string, uint64_t> FakeMemory::freesByThread() const {

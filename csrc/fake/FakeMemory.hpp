@@ -3,7 +3,7 @@
 // Test-only. The memory of the fake GPUs: the process's CPU allocator, replaced while any fake
 // GPU is alive by one that behaves like CUDA's stream-ordered caching allocator at its most
 // hostile. Each block remembers the stream that was current when it was allocated (its
-// owner); a freed block is handed to the next allocation of its size on that stream at once,
+// owner); a freed block is handed to the next allocation of its size class on that stream at once,
 // and poisoned when its stream gets to the free (work enqueued there before the free still
 // sees the data, as on a GPU). On a GPU that reuse is safe only for work on the same stream,
 // which is what the fake checks (FakeGpu): memory a kernel uses on another stream must still
@@ -80,6 +80,7 @@ class FakeMemory final : public c10::Allocator {
     uint64_t generation = 0;  // changes whenever the block is freed or handed out again
     Owner owner;              // whose stream allocated it
     uintptr_t start = 0;      // where the block begins
+    size_t size = 0;          // what its allocation asked for
   };
   Block lookup(const void* pointer) const;
   // How many blocks were handed out again after a free (a measure of the allocator's reuse).
@@ -97,7 +98,8 @@ class FakeMemory final : public c10::Allocator {
   void free(uint8_t* data);
 
   struct Record {
-    size_t bytes = 0;
+    size_t bytes = 0;      // the block's size class
+    size_t requested = 0;  // what the allocation asked for
     bool live = false;
     uint64_t generation = 0;
     Owner owner;

@@ -96,6 +96,35 @@ void FakeNcclWorld::number(NcclLaunch& launch) {
   }
 }
 
+void FakeNcclWorld::holdForGraph(uint64_t key, int rank, int change) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  meetings_[key].graphs[rank] += change;
+  changed_.notify_all();
+}
+
+int FakeNcclWorld::graphsHolding(uint64_t key, int rank) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto meeting = meetings_.find(key);
+  if (meeting == meetings_.end()) {
+    return 0;
+  }
+  const auto graphs = meeting->second.graphs.find(rank);
+  return graphs == meeting->second.graphs.end() ? 0 : graphs->second;
+}
+
+void FakeNcclWorld::finalizing(uint64_t key, int rank) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  meetings_[key].finalizing.insert(rank);
+}
+
+bool FakeNcclWorld::allFinalizing(uint64_t key) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto meeting = meetings_.find(key);
+  return simulatePeers_ ||
+         (meeting != meetings_.end() &&
+          static_cast<int>(meeting->second.finalizing.size()) >= meeting->second.nranks);
+}
+
 void FakeNcclWorld::markDestroyed(uint64_t key, int rank) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   meetings_[key].destroyed.insert(rank);
@@ -205,6 +234,9 @@ bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item
   for (const Member& member : members) {
     checkNotDestroyed(*member.gpu, member.stream, *member.item);
     intact = member.gpu->checkBuffers(member.stream, *member.item, "ran") && intact;
+    for (const NcclOp& op : member.item->launch->ops) {
+      intact = intact && !op.outOfBounds;
+    }
   }
   std::map<std::pair<uint64_t, uint64_t>, std::map<int, const NcclOp*>> collectives;
   std::map<std::tuple<int, int, uint64_t>, const NcclOp*> sends;

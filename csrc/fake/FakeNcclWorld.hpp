@@ -54,6 +54,14 @@ class FakeNcclWorld {
   bool waitComplete(uint64_t key, std::chrono::milliseconds timeout);
   // Numbers `launch`'s operations in its member's order on the communicator (NcclOp::index).
   void number(NcclLaunch& launch);
+  // A CUDA graph that captured member `rank`'s work on communicator `key` was made (+1) or
+  // destroyed (-1): NCCL finalizes, destroys or aborts the communicator only once none is left.
+  void holdForGraph(uint64_t key, int rank, int change);
+  int graphsHolding(uint64_t key, int rank) const;
+  // ncclCommFinalize of member `rank`: a node's members finalize together, so each one's
+  // completes once all of them have called it.
+  void finalizing(uint64_t key, int rank);
+  bool allFinalizing(uint64_t key) const;
   // ncclCommDestroy freed member `rank`'s communicator `key`: a kernel of it running from now
   // on is a use after free (checkNotDestroyed).
   void markDestroyed(uint64_t key, int rank);
@@ -85,6 +93,8 @@ class FakeNcclWorld {
     std::map<std::pair<int, int>, uint64_t> sends;
     std::map<std::pair<int, int>, uint64_t> recvs;
     std::set<int> destroyed;
+    std::set<int> finalizing;
+    std::map<int, int> graphs;  // per member, the live graphs holding it
   };
 
   void loop();

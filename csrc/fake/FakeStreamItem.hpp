@@ -59,6 +59,8 @@ struct NcclOp {
   // Its member's n-th collective on the communicator, or n-th message to or from the peer:
   // NCCL matches operations across members in this order. Given when enqueued on a stream.
   uint64_t index = 0;
+  // Its buffers run past the end of their allocations (a violation): it moves nothing.
+  bool outOfBounds = false;
 
   bool collective() const { return kind != Kind::Send && kind != Kind::Recv; }
 };

@@ -51,7 +51,7 @@ class RecordingCuda final : public CudaApi {
   void streamWaitEvent(c10::Stream stream, cudaEvent_t event) override {
     gpu_->streamWaitEvent(stream.id(), number(event));
   }
-  bool queryEvent(cudaEvent_t event) override { return gpu_->queryEvent(number(event)); }
+  EventStatus queryEvent(cudaEvent_t event) override { return gpu_->queryEvent(number(event)); }
   float elapsedMs(cudaEvent_t start, cudaEvent_t end) override {
     return gpu_->elapsedMs(number(start), number(end));
   }

@@ -25,7 +25,7 @@ thread_local std::vector<GroupedCall> grouped;
 constexpr auto kBlockingInitWait = std::chrono::seconds(60);
 // How long ncclCommDestroy of a communicator with kernels queued waits for them, before the
 // fake says it would wait forever.
-constexpr auto kDestroyWait = std::chrono::seconds(20);
+constexpr auto kDestroyWait = std::chrono::seconds(5);
 
 std::string streamName(cudaStream_t stream) { return "S" + std::to_string(number(stream)); }
 std::string commName(ncclComm_t comm) { return "C" + std::to_string(number(comm)); }
@@ -116,6 +116,31 @@ std::string scalarText(const void* scalar, ncclDataType_t type, ncclScalarReside
 }  // namespace
 
 int RecordingNccl::groupDepthOfThread() { return groupDepth; }
+
+void RecordingNccl::checkExtents(const char* function, const Comm& comm, NcclOp& op) {
+  if (!gpu_->models().memory) {
+    return;
+  }
+  const size_t each = op.count * sizeOf(op.type);
+  const size_t all = each * static_cast<size_t>(comm.nranks);
+  const size_t sendBytes = op.kind == NcclOp::Kind::ReduceScatter ? all : each;
+  const size_t recvBytes = op.kind == NcclOp::Kind::AllGather ? all : each;
+  auto check = [&](const void* pointer, size_t bytes, const char* role) {
+    if (pointer == nullptr || bytes == 0) {
+      return;
+    }
+    const auto block = FakeMemory::instance().lookup(pointer);
+    const auto address = reinterpret_cast<uintptr_t>(pointer);
+    if (block.tracked && address + bytes > block.start + block.size) {
+      gpu_->log().violation(std::string(function) + "'s " + role + " buffer runs " +
+                            std::to_string(address + bytes - block.start - block.size) +
+                            " bytes past the end of its allocation");
+      op.outOfBounds = true;  // it must not touch memory it does not own
+    }
+  };
+  check(op.send, sendBytes, "send");
+  check(op.recv, recvBytes, "recv");
+}
 
 int RecordingNccl::takeInProgress(const char* function) {
   const int polls = gpu_->log().takeInProgress(function);
@@ -223,6 +248,7 @@ ncclResult_t RecordingNccl::commFinalize(ncclComm_t handleValue) {
     return injected;
   }
   comm->finalizing = true;  // done once its kernels are: ncclCommGetAsyncError tells
+  world_->finalizing(comm->key, comm->rank);
   return comm->blocking ? ncclSuccess : ncclInProgress;
 }
 
@@ -238,19 +264,21 @@ ncclResult_t RecordingNccl::commDestroy(ncclComm_t handleValue) {
   const int rank = comm->rank;
   const bool finalizing = comm->finalizing;
   lock.unlock();
-  if (gpu_->models().teardown && gpu_->hasLaunches(key, rank)) {
+  auto busy = [&] { return gpu_->hasLaunches(key, rank) || world_->graphsHolding(key, rank) > 0; };
+  if (gpu_->models().teardown && busy()) {
     if (finalizing) {
       gpu_->log().violation(call +
                             " before ncclCommFinalize had finished (poll "
                             "ncclCommGetAsyncError until ncclSuccess first)");
     }
     // Destroying finalizes first: it blocks until this member's kernels of the communicator
-    // are done, which they are only once its peers' have run too.
+    // are done, which they are only once its peers' have run too, and until every CUDA graph
+    // with work on it is destroyed.
     std::unique_lock<std::recursive_mutex> world(world_->mutex());
-    if (!world_->waitUntil(world, kDestroyWait, [&] { return !gpu_->hasLaunches(key, rank); })) {
+    if (!world_->waitUntil(world, kDestroyWait, [&] { return !busy(); })) {
       gpu_->log().violation(call + " waited " + std::to_string(kDestroyWait.count()) +
-                            " s for the communicator's kernels, which never ran: it would "
-                            "block forever");
+                            " s for the communicator's kernels or the CUDA graphs holding it, "
+                            "which never went: it would block forever");
     }
   }
   lock.lock();
@@ -268,6 +296,12 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
                           ") of a communicator already freed");
   } else {
     Comm& comm = found->second;
+    if (gpu_->models().teardown && world_->graphsHolding(comm.key, comm.rank) > 0) {
+      gpu_->log().violation("ncclCommAbort(" + comm.name +
+                            ") of a communicator a live CUDA "
+                            "graph has work on: NCCL waits for the graph's destruction first "
+                            "(it would block here)");
+    }
     comm.aborted = true;  // may be still initializing or busy: abort ends that
     for (const Pending& pending : comm.pending) {
       gpu_->clearEnqueueInProgress(pending.stream);
@@ -312,7 +346,10 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
     if (!gpu_->models().progress) {
       world_->advance();
     }
-    flushing = gpu_->hasLaunches(comm.key, comm.rank);
+    // Its kernels, every member's finalize (a node's members finalize together), and the
+    // CUDA graphs with work on it.
+    flushing = gpu_->hasLaunches(comm.key, comm.rank) || !world_->allFinalizing(comm.key) ||
+               world_->graphsHolding(comm.key, comm.rank) > 0;
   }
   if (comm.initPending || !comm.pending.empty() || flushing) {
     *asyncError = ncclInProgress;
@@ -345,6 +382,7 @@ ncclResult_t RecordingNccl::issue(const char* function, const std::string& line,
   }
   const StreamId stream = number(nativeStream);
   gpu_->checkCallContext(function, comm->device, stream);
+  checkExtents(function, *comm, op);
   const int redOp = static_cast<int>(op.op);
   if (auto factor = comm->hostFactors.find(redOp); factor != comm->hostFactors.end()) {
     op.hostFactor = factor->second;

@@ -102,6 +102,9 @@ class RecordingNccl final : public NcclApi {
 
   // ncclSuccess, or the failure the log was asked to inject into `function`.
   ncclResult_t outcome(const char* function);
+  // Whether `op`'s buffers lie within their allocations, as NCCL reads and writes them (its
+  // counts, times the members for an all-gather's output and a reduce-scatter's input).
+  void checkExtents(const char* function, const Comm& comm, NcclOp& op);
   // How many polls an injected ncclInProgress of `function` lasts (0: none asked, or the
   // model is off).
   int takeInProgress(const char* function);
