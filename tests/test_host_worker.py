@@ -3,6 +3,7 @@ left asleep by sync ops, which run on the caller's thread when the worker is idl
 
 import glob
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -42,8 +43,13 @@ def test_a_sync_op_does_not_wake_the_idle_worker():
     sync.asyncOp = False
     x = torch.ones(4)
     group.allreduce([x], sync)  # opens the host path and its worker
-    before = threads_named("streamnccl-host")
-    assert before, "no thread named streamnccl-host: the worker is not named"
+    # The worker names itself once it runs, which on a busy machine may be a moment later.
+    deadline = time.monotonic() + 10
+    while not (before := threads_named("streamnccl-host")):
+        assert time.monotonic() < deadline, (
+            "no thread named streamnccl-host: the worker is not named"
+        )
+        time.sleep(0.01)
     ops = 300
     for _ in range(ops):
         group.allreduce([x], sync)

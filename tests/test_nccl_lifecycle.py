@@ -110,6 +110,25 @@ def test_a_communicator_a_graph_holds_is_left_alone_at_teardown():
     gpu.destroy_graph(gpu.last_graph())
 
 
+def test_aborting_a_communicator_a_graph_holds_stops_its_kernels_without_blocking():
+    # A hung op must end even on a communicator a graph holds: ncclCommAbort stops the kernels
+    # first, then waits for the graphs' destruction (FakeModels::teardown), so the group calls
+    # it on a thread of its own.
+    pg, gpu = connected()
+    gpu.begin_capture("thread_local")
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions, False))
+    assert gpu.end_capture() == "ok"
+    started = time.monotonic()
+    pg.abort()
+    assert time.monotonic() - started < 2, "abort() waited for the graph"
+    deadline = time.monotonic() + 10
+    while "ncclCommAbort(C0)" not in gpu.calls():
+        assert time.monotonic() < deadline, "the communicator was never aborted"
+        time.sleep(0.01)
+    gpu.destroy_graph(gpu.last_graph())  # the abort's own thread may now finish
+    assert settle(gpu) == []
+
+
 def _talk_both_ways(rank, pg, gpu):
     peer = 1 - rank
     inbox = torch.zeros(4)
@@ -133,6 +152,28 @@ def test_ranks_finalize_their_communicators_together_at_teardown():
         calls = gpu.calls()
         assert not [c for c in calls if c.startswith("ncclCommAbort")], calls
         assert sum(c.startswith("ncclCommDestroy") for c in calls) == 3, calls
+
+
+def test_abort_ends_a_finalize_waiting_for_a_peer_at_once():
+    # Rank 0 finalizes; rank 1 never does, so the finalize waits for it. An abort meanwhile
+    # (ProcessGroup.abort(), as torchft calls it) ends the finalize's polling and frees the
+    # communicator once: not ten seconds later, not under the poll.
+    (pg0, gpu0), (pg1, _) = groups = fakes.connect(fake_ranks(2, timeout=timedelta(seconds=20)))
+    closing = threading.Thread(target=pg0.shutdown)
+    closing.start()
+    deadline = time.monotonic() + 10
+    while not any(c.startswith("ncclCommFinalize") for c in gpu0.calls()):
+        assert time.monotonic() < deadline, "rank 0 never began finalizing"
+        time.sleep(0.01)
+    started = time.monotonic()
+    pg0.abort()
+    closing.join(timeout=30)
+    assert not closing.is_alive(), "shutdown() hung after abort()"
+    assert time.monotonic() - started < 5, "the abort waited for the finalize's deadline"
+    assert sum(c.startswith("ncclCommAbort(C0)") for c in gpu0.calls()) == 1, gpu0.calls()
+    assert settle(gpu0) == []
+    pg1.abort()
+    fakes.shut_down(groups)
 
 
 # --- defect 2: reductions NCCL lacks are refused at the call

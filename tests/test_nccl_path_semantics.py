@@ -543,6 +543,9 @@ def test_stats_count_a_failed_op_as_a_failure():
     pg, gpu = fake_group()
     pg.eager_connect_single_device(torch.device("cpu"))
     pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
+    # The first op has run, though the watchdog may not have looked yet: the break that
+    # follows must count it completed, not fail it with the ops in flight.
+    assert gpu.synchronize()
     gpu.fail_next("ncclAllReduce")
     with pytest.raises(dist.DistBackendError):
         pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()

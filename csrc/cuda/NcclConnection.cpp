@@ -267,6 +267,7 @@ void NcclConnection::checkHeld(const char* call, ncclResult_t result) {
 
 void NcclConnection::abort() {
   ncclComm_t comm = nullptr;
+  bool captured = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (aborted_) {
@@ -280,27 +281,36 @@ void NcclConnection::abort() {
       LOG(WARNING) << who() << " a call on the communicator did not return within "
                    << kAbortGrace.count() << " s of abort(); aborting it anyway";
     }
-    comm = comm_;
-  }
-  changed_.notify_all();
-  bool captured = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
+    comm = std::exchange(comm_, nullptr);  // this abort frees it: nothing else may now
     captured = captured_;
   }
-  if (comm != nullptr && captured) {
-    // As at close: NCCL's abort too waits for the graphs that captured work on it.
-    LOG(WARNING) << who() << " not aborted: work on it was captured into a CUDA graph, and "
-                 << "NCCL would wait for every such graph to be destroyed";
+  changed_.notify_all();
+  if (comm == nullptr) {
     return;
   }
-  if (comm != nullptr) {
-    auto onDevice = settings_.cuda->useDevice(settings_.device);
-    const ncclResult_t result = nccl().commAbort(comm);
-    if (result != ncclSuccess) {
-      LOG(WARNING) << who() << " ncclCommAbort failed: " << nccl().getErrorString(result);
+  auto abortComm = [nccl = settings_.nccl, cuda = settings_.cuda, device = settings_.device,
+                    who = who(), comm] {
+    try {
+      auto onDevice = cuda->useDevice(device);
+      const ncclResult_t result = nccl->commAbort(comm);
+      if (result != ncclSuccess) {
+        LOG(WARNING) << who << " ncclCommAbort failed: " << nccl->getErrorString(result);
+      }
+    } catch (const std::exception& e) {  // on a thread of its own too: nothing may escape
+      LOG(WARNING) << who << " ncclCommAbort failed: " << e.what();
     }
+  };
+  if (captured) {
+    // ncclCommAbort first tells the communicator's kernels to quit, which is what a hung op
+    // needs, and then waits until every CUDA graph with work on it is destroyed, which may be
+    // never. So it runs on a thread of its own: the kernels stop now, and only that thread
+    // waits for the graphs.
+    LOG(WARNING) << who() << " aborted on a thread of its own: work on it was captured into a "
+                 << "CUDA graph, and NCCL frees it only once every such graph is destroyed";
+    std::thread(std::move(abortComm)).detach();
+    return;
   }
+  abortComm();
 }
 
 void NcclConnection::beginClose() {
@@ -311,34 +321,49 @@ void NcclConnection::beginClose() {
       return;
     }
     closed_ = true;  // no Use from now on
+    if (state_ != State::Connected) {
+      // Still connecting (its connecting thread holds a use until then) or never connected:
+      // nothing to flush, so no call to wait for.
+      closing_ = Closing::Aborting;
+      return;
+    }
+    if (captured_) {
+      closing_ = Closing::LeftForGraphs;
+      return;
+    }
     // A call in progress on another thread (NCCL communicators are not thread-safe) ends
     // before the communicator is finalized under it.
     if (!changed_.wait_for(lock, kAbortGrace, [&] { return uses_ == 0; })) {
       LOG(WARNING) << who() << " a call on the communicator did not return within "
                    << kAbortGrace.count() << " s of its group's end; finalizing it anyway";
     }
-    if (captured_ || state_ != State::Connected) {
-      closing_ = captured_ ? Closing::LeftForGraphs : Closing::Aborting;
-    } else {
-      comm = comm_;
-      ++uses_;  // finalizing is a use that abort() waits for
-      closing_ = Closing::Finalizing;
+    if (aborted_) {  // aborted meanwhile: the abort has freed it
+      return;
     }
+    comm = comm_;
+    ++uses_;  // the finalize call is a use that abort() waits for
+    closing_ = Closing::Finalizing;
+    finalized_ = ncclInternalError;  // until ncclCommFinalize has been called
   }
-  if (comm == nullptr) {
-    return;
+  ncclResult_t result = ncclInternalError;
+  try {
+    auto onDevice = settings_.cuda->useDevice(settings_.device);
+    result = nccl().commFinalize(comm);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << who() << " ncclCommFinalize could not be called: " << e.what();
   }
-  auto onDevice = settings_.cuda->useDevice(settings_.device);
-  finalized_ = nccl().commFinalize(comm);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finalized_ = result;
+  }
+  endUse();  // between the two steps it is not in use: abort() may end it at once
 }
 
 std::string NcclConnection::endClose(std::chrono::steady_clock::time_point deadline) {
   Closing closing = Closing::None;
-  ncclComm_t comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     closing = std::exchange(closing_, Closing::None);
-    comm = comm_;
   }
   switch (closing) {
     case Closing::None:
@@ -348,41 +373,51 @@ std::string NcclConnection::endClose(std::chrono::steady_clock::time_point deadl
       abort();
       return {};
     case Closing::LeftForGraphs:
-      // NCCL finalizes, destroys or aborts a communicator only once every CUDA graph that
-      // captured work on it is destroyed, and the group cannot know when that is: waiting
-      // here could be forever (at exit, always). So it is left to the process's end.
+      // NCCL finalizes or destroys a communicator only once every CUDA graph that captured
+      // work on it is destroyed, and the group cannot know when that is: waiting here could
+      // be forever (at exit, always). So it is left to the process's end.
       LOG(WARNING) << who()
                    << " left as it is, not finalized: work on it was captured into a CUDA graph, "
-                      "and NCCL would wait for every such graph to be destroyed (destroy the "
-                      "graphs before the group to free it)";
+                      "and NCCL would wait for every such graph to be destroyed";
       return {};
     case Closing::Finalizing:
       break;
   }
-  std::string why;
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclSuccess;
   {
-    auto onDevice = settings_.cuda->useDevice(settings_.device);
-    ncclResult_t result = finalized_;
-    try {
-      if (result == ncclSuccess || result == ncclInProgress) {
-        // Finalizing flushes the communicator's work on every member: polled, not blocked
-        // on, so that the deadline and abort() can end it.
-        result = pollUntilSettled(comm, "ncclCommFinalize", deadline);
-      }
-      if (result != ncclSuccess) {
-        why = std::string("ncclCommFinalize failed: ") + nccl().getErrorString(result);
-      }
-    } catch (const std::exception& e) {
-      why = e.what();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_) {  // aborted between the two steps: the abort has freed it
+      return {};
     }
-    if (why.empty()) {
+    comm = comm_;
+    result = finalized_;
+    ++uses_;  // polling and destroying are a use that abort() waits for
+  }
+  std::string why;
+  try {
+    auto onDevice = settings_.cuda->useDevice(settings_.device);
+    if (result == ncclSuccess || result == ncclInProgress) {
+      // Finalizing flushes the communicator's work on every member: polled, not blocked on,
+      // so that the deadline and abort() can end it.
+      result = pollUntilSettled(comm, "ncclCommFinalize", deadline);
+    }
+    if (result != ncclSuccess) {
+      why = std::string("ncclCommFinalize failed: ") + nccl().getErrorString(result);
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        comm_ = nullptr;  // this destroy frees it: abort() has nothing left to abort
+      }
       result = nccl().commDestroy(comm);
       if (result != ncclSuccess) {
         LOG(WARNING) << who() << " ncclCommDestroy failed: " << nccl().getErrorString(result);
       }
-      std::lock_guard<std::mutex> lock(mutex_);
-      comm_ = nullptr;  // freed: abort() has nothing left to abort
     }
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();  // for the log: the reason, not where it was raised
+  } catch (const std::exception& e) {
+    why = e.what();
   }
   endUse();
   if (why.empty()) {

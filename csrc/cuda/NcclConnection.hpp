@@ -17,7 +17,9 @@
 // At the group's end it is closed in order: ncclCommFinalize, polled until NCCL has flushed
 // the communicator's work on every member, then ncclCommDestroy; an abort only when that does
 // not finish by the deadline. A communicator with work captured into a CUDA graph is left
-// alone: NCCL would wait for the graph's destruction, which may never come.
+// alone at close: NCCL would wait for the graph's destruction, which may never come. Aborted,
+// it is aborted on a thread of its own: ncclCommAbort stops its kernels at once, and only
+// then waits for the graphs.
 
 #include "cuda/CudaApi.hpp"
 #include "cuda/NcclApi.hpp"

@@ -288,26 +288,36 @@ ncclResult_t RecordingNccl::commDestroy(ncclComm_t handleValue) {
 }
 
 ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  gpu_->log().add("ncclCommAbort(" + commName(handleValue) + ")");
+  std::unique_lock<std::mutex> lock(mutex_);
+  const std::string call = "ncclCommAbort(" + commName(handleValue) + ")";
+  gpu_->log().add(call);
   auto found = comms_.find(number(handleValue));
   if (found == comms_.end() || found->second.aborted || found->second.destroyed) {
-    gpu_->log().violation("ncclCommAbort(" + commName(handleValue) +
-                          ") of a communicator already freed");
-  } else {
-    Comm& comm = found->second;
-    if (gpu_->models().teardown && world_->graphsHolding(comm.key, comm.rank) > 0) {
-      gpu_->log().violation("ncclCommAbort(" + comm.name +
-                            ") of a communicator a live CUDA "
-                            "graph has work on: NCCL waits for the graph's destruction first "
-                            "(it would block here)");
+    gpu_->log().violation(call + " of a communicator already freed");
+    return outcome("ncclCommAbort");
+  }
+  Comm& comm = found->second;
+  // First the abort flag: this member's kernels of the communicator quit, even those a
+  // graph replays.
+  comm.aborted = true;  // may be still initializing or busy: abort ends that
+  for (const Pending& pending : comm.pending) {
+    gpu_->clearEnqueueInProgress(pending.stream);
+  }
+  comm.pending.clear();
+  gpu_->stopLaunches(comm.key, comm.rank);
+  const uint64_t key = comm.key;
+  const int rank = comm.rank;
+  lock.unlock();
+  if (gpu_->models().teardown && world_->graphsHolding(key, rank) > 0) {
+    // Then, as at destroy, NCCL frees the communicator only once every CUDA graph with work
+    // on it is destroyed: the call blocks until then.
+    std::unique_lock<std::recursive_mutex> world(world_->mutex());
+    if (!world_->waitUntil(world, kDestroyWait,
+                           [&] { return world_->graphsHolding(key, rank) == 0; })) {
+      gpu_->log().violation(call + " waited " + std::to_string(kDestroyWait.count()) +
+                            " s for the CUDA graphs holding the communicator, which never "
+                            "went: it would block its caller forever");
     }
-    comm.aborted = true;  // may be still initializing or busy: abort ends that
-    for (const Pending& pending : comm.pending) {
-      gpu_->clearEnqueueInProgress(pending.stream);
-    }
-    comm.pending.clear();
-    gpu_->stopLaunches(comm.key, comm.rank);
   }
   return outcome("ncclCommAbort");
 }
