@@ -86,23 +86,26 @@ def test_a_captured_op_keeps_its_temporary_across_replays(group):
 
 def test_kept_works_do_not_keep_their_inputs(group):
     # Defect 6: once an op completes, its Work lets go of what it no longer needs, so a list of
-    # Works does not keep every input alive.
-    dist.all_reduce(torch.ones(1, device="cuda"))
+    # Works does not keep every input alive (an all_gather's Work keeps its outputs, which are
+    # its result; its input is the memory to watch).
+    probe = torch.ones(1, device="cuda")
+    dist.all_reduce(probe)
     torch.cuda.synchronize()
     baseline = torch.cuda.memory_allocated()
+    elements = 1 << 20
     works = []
     for seed in range(4):
-        x = values(seed, 1 << 20)
-        out = torch.empty(1 << 20, device="cuda")
+        x = values(seed, elements)
+        out = torch.empty(elements, device="cuda")
         works.append(dist.all_gather_into_tensor(out, x, async_op=True))
         del x, out
     torch.cuda.synchronize()
-    probe = torch.ones(1, device="cuda")
+    allowed = baseline + len(works) * elements * 4 + (1 << 20)  # the outputs, and some slack
     deadline = time.monotonic() + 10
-    while torch.cuda.memory_allocated() > baseline + probe.nbytes * 64:
+    while torch.cuda.memory_allocated() > allowed:
         assert time.monotonic() < deadline, (
             f"{torch.cuda.memory_allocated() - baseline} bytes still held by {len(works)} "
-            "completed Works"
+            f"completed Works, whose outputs take {len(works) * elements * 4}"
         )
         dist.all_reduce(probe)  # a call on the group lets go of what the watchdog saw complete
         time.sleep(0.05)
