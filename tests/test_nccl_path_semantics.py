@@ -539,6 +539,22 @@ def test_an_untimed_op_makes_no_timing_events_and_has_no_duration():
     assert not [call for call in gpu.calls() if "timing" in call or "Elapsed" in call]
 
 
+def test_an_asynchronous_nccl_error_fails_the_op_in_flight_and_breaks_the_group():
+    pg, gpu = fake_group()
+    pg.eager_connect_single_device(torch.device("cpu"))
+    gpu.hold_events(True)  # the op stays in flight: only the watchdog's poll can end it
+    work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    gpu.fail_next("ncclCommGetAsyncError")
+    with pytest.raises(dist.DistBackendError, match="injected asynchronous error"):
+        work.wait(timedelta(seconds=10))
+    with pytest.raises(
+        dist.DistBackendError, match="unusable since an earlier failure.*asynchronous NCCL error"
+    ):
+        pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    gpu.hold_events(False)
+    assert settle(gpu) == []
+
+
 def test_stats_count_a_failed_op_as_a_failure():
     pg, gpu = fake_group()
     pg.eager_connect_single_device(torch.device("cpu"))
