@@ -462,12 +462,40 @@ def _first_contact_then_collective(rank, pg, gpu):
 
 
 def test_with_one_hardware_queue_a_first_contact_keeps_its_place_before_a_collective():
-    # A lane's first op would wait for its connection while the all_reduce after it reached the
-    # one hardware queue first, on one rank but not the other: a circle. It waits for the
-    # connection at the call instead.
+    # Both ranks go on to the all_reduce at once, so their first lane ops reach the one queue
+    # at the same place; test_..._first_contact_waits_for_its_lanes_at_the_call has one rank
+    # go on later, which only the wait at the call keeps out of a circle.
     world = fakes.fake_world(single_queue=True)
     groups = fakes.connect(fake_ranks(2, world=world, single_hardware_queue=True))
     assert run_ranks(groups, _first_contact_then_collective) == [(5.0, 2.0), (5.0, 2.0)]
+    fakes.shut_down(groups)
+
+
+def _first_contact_seen_late_by_one_rank(rank, pg, gpu):
+    """Rank 0 sends and goes straight on to an all_reduce; rank 1 receives and goes on only
+    once its recv has reached its queue. Were rank 0's send held back until its lane
+    connected, it would reach the one queue behind the all_reduce, while rank 1's all_reduce
+    sits behind its recv, which needs that send: a circle."""
+    box = torch.full((16,), 5.0) if rank == 0 else torch.zeros(16)
+    message = pg.send([box], 1, 0) if rank == 0 else pg.recv([box], 0, 0)
+    if rank == 1:
+        deadline = time.monotonic() + 10
+        while not any(call.startswith("ncclRecv(") for call in gpu.calls()):
+            assert time.monotonic() < deadline, "the recv was never issued"
+            time.sleep(0.005)
+    x = torch.ones(4)
+    pg.allreduce([x], opts(AllreduceOptions, False)).wait()
+    message.wait(timedelta(seconds=20))
+    assert gpu.synchronize()
+    return box[0].item(), x[0].item()
+
+
+def test_with_one_hardware_queue_a_first_contact_waits_for_its_lanes_at_the_call():
+    world = fakes.fake_world(single_queue=True)
+    groups = fakes.connect(
+        fake_ranks(2, world=world, timeout=timedelta(seconds=5), single_hardware_queue=True)
+    )
+    assert run_ranks(groups, _first_contact_seen_late_by_one_rank) == [(5.0, 2.0), (5.0, 2.0)]
     fakes.shut_down(groups)
 
 
