@@ -303,6 +303,38 @@ def test_a_failed_ops_tensors_outlive_its_kernels_after_the_abort():
     assert settle(gpu) == []
 
 
+def test_a_teardown_that_aborts_gives_failed_ops_time_to_pass_their_end():
+    # The flush runs past the timeout, so the teardown aborts; the op's end passes just after
+    # the abort. Its tensors are let go then, not kept for good because the flush's deadline
+    # had already passed.
+    pg, gpu = fake_group(timeout=timedelta(seconds=3))
+    pg.eager_connect_single_device(CPU)
+    gpu.hold_events(True)
+    x = torch.ones(1000)
+    address = x.data_ptr()
+    pg.allgather([[torch.zeros(1000) for _ in range(3)]], [x], opts(AllgatherOptions))
+    del x
+    gc.collect()  # only the group holds the input now
+
+    def let_the_end_pass_after_the_abort():
+        deadline = time.monotonic() + 30
+        while "ncclCommAbort(C0)" not in gpu.calls() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        # Later than the teardown's next step after the abort, well within the grace it gives
+        # (the timeout, 3 s). The pause only decides whether a teardown giving no grace is
+        # seen; a correct one passes whatever it is.
+        time.sleep(0.5)
+        gpu.hold_events(False)
+
+    releaser = threading.Thread(target=let_the_end_pass_after_the_abort)
+    releaser.start()
+    pg.shutdown()
+    releaser.join()
+    assert "ncclCommAbort(C0)" in gpu.calls()
+    assert not _C._FakeGpu.memory_live(address), "the failed op's input was kept for good"
+    assert settle(gpu) == []
+
+
 # --- defect 6: a Work holds its tensors until the op completes, or wait(), and no longer
 
 
