@@ -6,6 +6,7 @@ Each test names the defect of issue 16 it catches; those whose failure on broken
 crash or a deadlock run in a child process with a hard timeout.
 """
 
+import functools
 import gc
 import pickle
 import threading
@@ -481,11 +482,20 @@ def _ordered_first_contact(rank, pg, gpu):
     return inbox
 
 
-def _first_contact_then_collective(rank, pg, gpu):
+def _first_contact_then_collective(rank, pg, gpu, rank_one_goes_on_late=False):
     """Both ranks post a message (rank 0 sends, rank 1 receives), then an all_reduce: in
-    program order that never waits in a circle, whatever the hardware queues."""
+    program order that never waits in a circle, whatever the hardware queues.
+
+    With `rank_one_goes_on_late`, rank 1 goes on only once its recv has reached its queue.
+    Were rank 0's send held back until its lane connected, it would reach the one queue behind
+    the all_reduce, while rank 1's all_reduce sits behind its recv, which needs that send."""
     box = torch.full((16,), 5.0) if rank == 0 else torch.zeros(16)
     message = pg.send([box], 1, 0) if rank == 0 else pg.recv([box], 0, 0)
+    if rank == 1 and rank_one_goes_on_late:
+        deadline = time.monotonic() + 10
+        while not any(call.startswith("ncclRecv(") for call in gpu.calls()):
+            assert time.monotonic() < deadline, "the recv was never issued"
+            time.sleep(0.005)
     x = torch.ones(4)
     pg.allreduce([x], opts(AllreduceOptions, False)).wait()
     message.wait(timedelta(seconds=20))
@@ -503,31 +513,13 @@ def test_with_one_hardware_queue_a_first_contact_keeps_its_place_before_a_collec
     fakes.shut_down(groups)
 
 
-def _first_contact_seen_late_by_one_rank(rank, pg, gpu):
-    """Rank 0 sends and goes straight on to an all_reduce; rank 1 receives and goes on only
-    once its recv has reached its queue. Were rank 0's send held back until its lane
-    connected, it would reach the one queue behind the all_reduce, while rank 1's all_reduce
-    sits behind its recv, which needs that send: a circle."""
-    box = torch.full((16,), 5.0) if rank == 0 else torch.zeros(16)
-    message = pg.send([box], 1, 0) if rank == 0 else pg.recv([box], 0, 0)
-    if rank == 1:
-        deadline = time.monotonic() + 10
-        while not any(call.startswith("ncclRecv(") for call in gpu.calls()):
-            assert time.monotonic() < deadline, "the recv was never issued"
-            time.sleep(0.005)
-    x = torch.ones(4)
-    pg.allreduce([x], opts(AllreduceOptions, False)).wait()
-    message.wait(timedelta(seconds=20))
-    assert gpu.synchronize()
-    return box[0].item(), x[0].item()
-
-
 def test_with_one_hardware_queue_a_first_contact_waits_for_its_lanes_at_the_call():
     world = fakes.fake_world(single_queue=True)
     groups = fakes.connect(
         fake_ranks(2, world=world, timeout=timedelta(seconds=5), single_hardware_queue=True)
     )
-    assert run_ranks(groups, _first_contact_seen_late_by_one_rank) == [(5.0, 2.0), (5.0, 2.0)]
+    program = functools.partial(_first_contact_then_collective, rank_one_goes_on_late=True)
+    assert run_ranks(groups, program) == [(5.0, 2.0), (5.0, 2.0)]
     fakes.shut_down(groups)
 
 
