@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace streamnccl {
 
@@ -53,6 +55,18 @@ class OnceMap {
       slot->made.set_exception(std::current_exception());
       throw;
     }
+  }
+
+  // Every value made so far, with its key. They live until clear().
+  std::vector<std::pair<Key, Value*>> made() {
+    std::vector<std::pair<Key, Value*>> values;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [key, slot] : slots_) {
+      if (slot->value) {
+        values.emplace_back(key, slot->value.get());
+      }
+    }
+    return values;
   }
 
   // Destroys every value made, outside the lock.

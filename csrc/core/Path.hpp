@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace streamnccl {
@@ -57,6 +58,25 @@ class PathFactory {
   // connections meet through `store`. Collective over the members.
   virtual std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
                                              const std::vector<int>& ranks) = 0;
+
+  // What a group shrunk around some ranks starts with: the factory of its paths, and the
+  // paths it made already from the old group's (by device).
+  struct Shrunk {
+    std::unique_ptr<PathFactory> factory;
+    std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
+  };
+  // The paths of this group without its ranks `excluded` (sorted), for `survivors` (the
+  // others, sorted, this rank among them), whose connections meet through `store`. `opened`
+  // are this group's paths opened so far; a factory may make the new group's paths from them
+  // (NCCL: ncclCommShrink), ending their ops in flight first when `abortInFlight`. Collective
+  // over the survivors only: the excluded take no part, they may be dead. By default, a fresh
+  // split among the survivors.
+  virtual Shrunk shrink(const c10::intrusive_ptr<c10d::Store>& store,
+                        const std::vector<int>& survivors, const std::vector<int>& /*excluded*/,
+                        const std::vector<std::pair<c10::Device, Path*>>& /*opened*/,
+                        bool /*abortInFlight*/) {
+    return Shrunk{split(store, survivors), {}};
+  }
 };
 
 }  // namespace streamnccl

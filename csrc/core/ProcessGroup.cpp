@@ -101,6 +101,10 @@ void ProcessGroup::close() {
   if (health_->broken()) {
     LOG(WARNING) << who() << " destroyed after it broke: its communicators were aborted";
     watchdog_->abortCommunicators();
+  } else if (shrunk_.load()) {
+    LOG(INFO) << who() << " destroyed after shrink_group: its communicators were aborted, "
+              << "not finalized (the ranks left out take no part in finalizing)";
+    watchdog_->abortCommunicators();
   } else {
     for (const auto& why : watchdog_->closeCommunicators(deadline)) {
       LOG(ERROR) << who() << " " << why;
@@ -197,6 +201,16 @@ Path& ProcessGroup::pathFor(const c10::Device& requested, const char* op) {
       lastAcceleratorDevice_ = device;
     }
     return path;
+  });
+}
+
+void ProcessGroup::adoptPath(const c10::Device& device, std::unique_ptr<Path> path) {
+  paths_.get(device, [&] {
+    openOrRefuse("shrink", device, [&] {
+      watchdog_->watch(path->communicator);
+      path->communicator->waitReady();  // the survivors all shrink now: this waits for them
+    });
+    return std::move(path);
   });
 }
 

@@ -50,6 +50,17 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  bool supportsShrinking() const override { return true; }
+  // The group without `ranksToExclude` (this group's ranks), its survivors renumbered in
+  // order, with connections of its own (GroupShrink.cpp). Collective over the survivors only;
+  // the excluded take no part (they may be dead), and the group may be broken. Its ops in
+  // flight go on (its destruction, which shrink_group does next, finishes them), or with
+  // kShrinkAbort fail at once, breaking it. `opts`: the new group's settings (else this
+  // group's).
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  static constexpr int kShrinkAbort = 0x01;  // torch's SHRINK_ABORT, NCCL's NCCL_SHRINK_ABORT
   // Breaks the group at once: in-flight ops fail, communicators are aborted, and every later
   // call raises. Returns without waiting for anything.
   void abort() override;
@@ -70,6 +81,10 @@ class ProcessGroup final : public c10d::Backend {
   // Opens the path for `device` now (on CUDA: creates the NCCL communicator) instead of at
   // the first op. Collective: every rank calls it.
   void eagerConnectSingleDevice(at::Device device) override;
+
+  // Makes `path` this group's path for `device`, as if opened at a first op (a shrunk group's
+  // paths made from the old group's).
+  void adoptPath(const c10::Device& device, std::unique_ptr<Path> path);
 
   // The global rank of each member (torch's global_ranks_in_group; by default the group's own
   // ranks), which the flight recorder's dump and the profiler's metadata name.
@@ -281,6 +296,11 @@ class ProcessGroup final : public c10d::Backend {
   };
   std::mutex splitMutex_;
   std::optional<LastSplit> lastSplit_;
+  // Shrinks of this group so far: each new group meets under a store prefix of its own.
+  int shrinks_ = 0;
+  // Once shrunk, its communicators are aborted at close rather than finalized: finalizing
+  // waits for every member, and the ranks left out take no part.
+  std::atomic<bool> shrunk_{false};
 };
 
 }  // namespace streamnccl

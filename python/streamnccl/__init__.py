@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _shrink
 from ._C import Options, ProcessGroup
 
 __all__ = [
@@ -62,10 +62,14 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     gloo = dist.ProcessGroupGloo(dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, timeout)
-    group = ProcessGroup(store, rank, size, timeout, pg_options, gloo)
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
-    if len(global_ranks) == size:
-        group._set_global_ranks(global_ranks)
+    if len(global_ranks) != size:
+        global_ranks = list(range(size))
+    # As torch does for its own gloo groups: Gloo's split (split_group, shrink_group) reads
+    # the parent's global ranks, and crashes on a subgroup that was never told them.
+    gloo.options.global_ranks_in_group = global_ranks
+    group = ProcessGroup(store, rank, size, timeout, pg_options, gloo)
+    group._set_global_ranks(global_ranks)
     return group
 
 
@@ -125,3 +129,4 @@ atexit.register(_C._shutdown_all_groups)
 dist.Backend.register_backend(
     "streamnccl", _create_backend, extended_api=True, devices=["cpu", "cuda"]
 )
+_shrink.install()
