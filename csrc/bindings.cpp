@@ -204,6 +204,8 @@ void bindRecording(py::module_& m) {
            "A read of `tensor` on the calling thread's current stream, as a kernel of the user's")
       .def("write", &FakeGpu::write, py::arg("tensor"), py::arg("value"))
       .def("futures_naming_device", &FakeGpu::futuresNamingDevice)
+      .def("set_nccl_version", &FakeGpu::setNcclVersion, py::arg("version"),
+           "The version ncclGetVersion reports, e.g. 22605 for an NCCL without ncclCommShrink.")
       .def_static(
           "memory_live",
           [](uintptr_t address) {

@@ -44,6 +44,9 @@ LOAD_BEARING = {
     "cuda_errors": [
         "test_nccl_lifecycle.py::test_a_cuda_error_in_the_watchdog_breaks_the_group_with_evidence"
     ],
+    "shrink": [
+        "test_nccl_shrink.py::test_survivors_shrink_the_communicator_and_gather_among_themselves"
+    ],
     "single_queue": [
         "test_nccl_lifecycle.py::test_with_one_hardware_queue_a_swap_times_out_naming_the_lanes"
     ],

@@ -1,10 +1,16 @@
 #include "cuda/CudaPath.hpp"
 
+#include "core/Errors.hpp"
 #include "cuda/CudaDevice.hpp"
 #include "cuda/NcclCommunicator.hpp"
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <atomic>
+#include <iterator>
+#include <map>
+#include <set>
 
 namespace streamnccl {
 namespace {
@@ -12,6 +18,45 @@ namespace {
 std::string rankName(int rank, int size, const c10::Device& device) {
   return "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(size) + " " +
          device.str();
+}
+
+// Which of `mine` (communicator keys) every survivor has live, as the survivors agree through
+// `store`: a communicator is shrunk only where all of them can take part (one broken on some
+// rank was aborted there, and NCCL's shrink would wait for it forever).
+std::set<std::string> liveOnEverySurvivor(c10d::Store& store, int rank, int survivors,
+                                          const std::set<std::string>& mine,
+                                          std::chrono::milliseconds timeout) {
+  const std::string joined = c10::Join(",", mine);
+  store.set("streamnccl/live/" + std::to_string(rank),
+            std::vector<uint8_t>(joined.begin(), joined.end()));
+  std::vector<std::string> keys;
+  for (int peer = 0; peer < survivors; ++peer) {
+    keys.push_back("streamnccl/live/" + std::to_string(peer));
+  }
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    throwDistBackendError("[streamnccl rank " + std::to_string(rank) + "/" +
+                          std::to_string(survivors) + "] shrink: not every remaining rank " +
+                          "called it within " + std::to_string(timeout.count()) + " ms (" +
+                          e.what() + ")");
+  }
+  std::set<std::string> common = mine;
+  for (const std::string& key : keys) {
+    const auto bytes = store.get(key);
+    std::set<std::string> theirs;
+    std::string text(bytes.begin(), bytes.end());
+    for (size_t start = 0; start < text.size();) {
+      const size_t end = std::min(text.find(',', start), text.size());
+      theirs.insert(text.substr(start, end - start));
+      start = end + 1;
+    }
+    std::set<std::string> both;
+    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(),
+                          std::inserter(both, both.begin()));
+    common.swap(both);
+  }
+  return common;
 }
 
 }  // namespace
@@ -111,6 +156,47 @@ std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10
   return std::make_unique<CudaPathFactory>(nccl_, cuda_, store,
                                            static_cast<int>(me - ranks.begin()),
                                            static_cast<int>(ranks.size()), options_);
+}
+
+PathFactory::Shrunk CudaPathFactory::shrink(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& survivors,
+    const std::vector<int>& excluded, const std::vector<std::pair<c10::Device, Path*>>& opened,
+    bool abortInFlight) {
+  const int newRank =
+      static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
+  const int newSize = static_cast<int>(survivors.size());
+  Shrunk shrunk{split(store, survivors), {}};
+  std::map<std::string, std::pair<c10::Device, std::shared_ptr<NcclCommunicator>>> byKey;
+  std::set<std::string> live;
+  for (const auto& [device, path] : opened) {
+    auto communicator = std::dynamic_pointer_cast<NcclCommunicator>(path->communicator);
+    TORCH_INTERNAL_ASSERT(communicator, "streamnccl: a CUDA path without an NCCL communicator");
+    byKey.emplace(communicator->key(), std::make_pair(device, communicator));
+    if (communicator->live()) {
+      live.insert(communicator->key());
+    }
+  }
+  const std::set<std::string> toShrink =
+      liveOnEverySurvivor(*store, newRank, newSize, live, options_->timeout);
+  if (toShrink.empty()) {
+    return shrunk;  // the survivors connect afresh when they first need to
+  }
+  int version = 0;
+  TORCH_CHECK(nccl_->getVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 27, 0),
+              "streamnccl: shrink_group needs NCCL 2.27 or newer (ncclCommShrink); this "
+              "process loaded NCCL ",
+              version / 10000, ".", version % 10000 / 100, ".", version % 100);
+  // In key order, the same on every survivor.
+  for (const std::string& key : toShrink) {
+    const auto& [device, parent] = byKey.at(key);
+    auto path = std::make_unique<Path>();
+    path->device = std::make_shared<CudaDevice>(cuda_, device, options_->useHighPriorityStreams());
+    path->communicator =
+        parent->shrunk(excluded, abortInFlight, newRank, newSize,
+                       rankName(newRank, newSize, device) + "]", options_->timeout);
+    shrunk.paths.emplace_back(device, std::move(path));
+  }
+  return shrunk;
 }
 
 }  // namespace streamnccl

@@ -11,6 +11,12 @@
 
 #include <memory>
 
+// ncclCommShrink's flags (NCCL 2.27+), for headers older than that.
+#ifndef NCCL_SHRINK_DEFAULT
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+#endif
+
 namespace streamnccl {
 
 class NcclApi {
@@ -25,6 +31,12 @@ class NcclApi {
                                           ncclConfig_t* config) = 0;
   // On a non-blocking communicator: returns ncclInProgress, and ncclCommGetAsyncError says
   // ncclSuccess once the communicator's operations have completed on every member.
+  // NCCL 2.27+ (the library looks it up at run time, so that an older NCCL still loads): a
+  // communicator of `comm`'s members but the excluded, made collectively by them; with
+  // NCCL_SHRINK_ABORT, `comm`'s operations in flight are ended first. Non-blocking as
+  // `config` says, like init.
+  virtual ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                  ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) = 0;
   virtual ncclResult_t commFinalize(ncclComm_t comm) = 0;
   virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
   virtual ncclResult_t commAbort(ncclComm_t comm) = 0;

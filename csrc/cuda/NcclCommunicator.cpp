@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cstring>
@@ -128,6 +129,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       cuda_(std::move(cuda)),
       who_(std::move(membership.who)),
       members_(std::move(membership.members)),
+      device_(device),
       computeCapability_(cuda_->computeCapability(device)),
       key_(membership.idKey),
       connection_(NcclConnection::open(NcclConnection::Settings{
@@ -137,6 +139,31 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
           members_.empty() ? groupRank == 0
                            : groupRank == *std::min_element(members_.begin(), members_.end()),
           std::move(membership.idKey), who_, timeout})) {}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
+                                   c10::Device device, std::string who, std::string key,
+                                   std::shared_ptr<NcclConnection> connection)
+    : nccl_(std::move(nccl)),
+      cuda_(std::move(cuda)),
+      who_(std::move(who)),
+      device_(device),
+      computeCapability_(cuda_->computeCapability(device)),
+      key_(std::move(key)),
+      connection_(std::move(connection)) {}
+
+std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
+    const std::vector<int>& excluded, bool abortInFlight, int groupRank, int groupSize,
+    std::string who, std::chrono::milliseconds timeout) const {
+  TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator shrinks");
+  // Named after its parent, which every survivor shares: the order ranks close it in.
+  std::string key = key_ + "/shrunk-" + c10::Join("-", excluded);
+  auto connection =
+      NcclConnection::shrink(NcclConnection::Settings{nccl_, cuda_, nullptr, device_, groupSize,
+                                                      groupRank, false, key, who, timeout},
+                             NcclConnection::ShrinkOf{connection_, excluded, abortInFlight});
+  return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(
+      nccl_, cuda_, device_, std::move(who), std::move(key), std::move(connection)));
+}
 
 NcclCommunicator::~NcclCommunicator() { connection_->abandon(); }
 

@@ -37,6 +37,16 @@ class NcclCommunicator final : public Communicator {
                    c10::Device device, NcclMembership membership,
                    std::chrono::milliseconds timeout);
   ~NcclCommunicator() override;
+
+  // Whether NCCL can still shrink this communicator: connected, neither aborted nor closed.
+  bool live() const { return connection_->live(); }
+  // Starts making the communicator of this one's members but the `excluded` group ranks
+  // (sorted) from it (ncclCommShrink), in which this rank is `groupRank` of `groupSize`; with
+  // `abortInFlight`, this one's operations in flight end first. Only of a communicator over
+  // the whole group; every survivor makes it at once, as with NCCL.
+  std::shared_ptr<NcclCommunicator> shrunk(const std::vector<int>& excluded, bool abortInFlight,
+                                           int groupRank, int groupSize, std::string who,
+                                           std::chrono::milliseconds timeout) const;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
@@ -74,12 +84,16 @@ class NcclCommunicator final : public Communicator {
 
  private:
   class ScopedRedOp;
+  // Over a connection made already (shrunk()), spanning the whole group.
+  NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda, c10::Device device,
+                   std::string who, std::string key, std::shared_ptr<NcclConnection> connection);
   int commRank(int groupRank) const;
 
   const std::shared_ptr<NcclApi> nccl_;
   const std::shared_ptr<CudaApi> cuda_;
   const std::string who_;
   const std::vector<int> members_;
+  const c10::Device device_;
   const int computeCapability_;
   const std::string key_;  // the unique id's Store key, the same on every member
   const std::shared_ptr<NcclConnection> connection_;

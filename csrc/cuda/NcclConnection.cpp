@@ -27,11 +27,28 @@ class Backoff {
 }  // namespace
 
 std::shared_ptr<NcclConnection> NcclConnection::open(Settings settings) {
-  std::shared_ptr<NcclConnection> connection(new NcclConnection(std::move(settings)));
+  std::shared_ptr<NcclConnection> connection(new NcclConnection(std::move(settings), {}));
   // The thread's reference keeps the connection alive while it connects, even if its owner
   // goes meanwhile (it then aborts the connecting).
   connection->connector_ = std::thread([self = connection] { self->connect(); });
   return connection;
+}
+
+std::shared_ptr<NcclConnection> NcclConnection::shrink(Settings settings, ShrinkOf origin) {
+  std::shared_ptr<NcclConnection> connection(
+      new NcclConnection(std::move(settings), std::move(origin)));
+  connection->connector_ = std::thread([self = connection] { self->connect(); });
+  return connection;
+}
+
+bool NcclConnection::live() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_ == State::Connected && !aborted_ && !closed_ && comm_ != nullptr;
+}
+
+bool NcclConnection::abortedNow() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return aborted_;
 }
 
 NcclConnection::~NcclConnection() {
@@ -94,21 +111,28 @@ ncclUniqueId NcclConnection::exchangeId(std::chrono::steady_clock::time_point de
 void NcclConnection::connect() {
   try {
     const auto deadline = std::chrono::steady_clock::now() + settings_.timeout;
-    const ncclUniqueId id = exchangeId(deadline);
     ncclComm_t comm = nullptr;
-    ncclResult_t result = ncclSuccess;
-    {
-      auto onDevice = settings_.cuda->useDevice(settings_.device);  // the communicator's device
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      result = nccl().commInitRankConfig(&comm, settings_.size, id, settings_.rank, &config);
+    // Held until the new communicator is ready: NCCL builds it from the parent's state.
+    struct ParentHold {
+      NcclConnection* parent = nullptr;
+      ~ParentHold() {
+        if (parent != nullptr) {
+          parent->release();
+        }
+      }
+    } hold;
+    if (shrinkOf_) {
+      shrinkOf_->parent->acquire("ncclCommShrink");
+      hold.parent = shrinkOf_->parent.get();
     }
+    ncclResult_t result = makeComm(&comm, deadline);
+    const char* call = shrinkOf_ ? "ncclCommShrink" : "ncclCommInitRank";
     if (result != ncclSuccess && result != ncclInProgress) {
       if (comm != nullptr) {
         std::lock_guard<std::mutex> lock(mutex_);
         comm_ = comm;  // aborted at destruction: it never connected
       }
-      throwNcclError(nccl(), result, "ncclCommInitRank", who(), nullptr, __FILE__, __LINE__);
+      throwNcclError(nccl(), result, call, who(), nullptr, __FILE__, __LINE__);
     }
     bool abortedMeanwhile = false;
     {
@@ -125,9 +149,9 @@ void NcclConnection::connect() {
       raise("connecting was aborted");
     }
     try {
-      result = pollUntilSettled(comm, "ncclCommInitRank", deadline);
+      result = pollUntilSettled(comm, call, deadline);
       if (result != ncclSuccess) {  // while still held: ncclGetLastError reads the comm
-        throwNcclError(nccl(), result, "ncclCommInitRank", who(), comm, __FILE__, __LINE__);
+        throwNcclError(nccl(), result, call, who(), comm, __FILE__, __LINE__);
       }
     } catch (...) {
       endUse();
@@ -138,6 +162,29 @@ void NcclConnection::connect() {
   } catch (...) {
     settle(State::Failed, std::current_exception());
   }
+}
+
+ncclResult_t NcclConnection::makeComm(ncclComm_t* comm,
+                                      std::chrono::steady_clock::time_point deadline) {
+  std::optional<ncclUniqueId> id;
+  if (!shrinkOf_) {
+    id = exchangeId(deadline);
+  }
+  auto onDevice = settings_.cuda->useDevice(settings_.device);  // the communicator's device
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  if (!id) {
+    std::vector<int> excluded = shrinkOf_->excluded;
+    ncclComm_t parentComm = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(shrinkOf_->parent->mutex_);
+      parentComm = shrinkOf_->parent->comm_;  // held by connect()'s use of it
+    }
+    return nccl().commShrink(parentComm, excluded.data(), static_cast<int>(excluded.size()), comm,
+                             &config,
+                             shrinkOf_->abortInFlight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  }
+  return nccl().commInitRankConfig(comm, settings_.size, *id, settings_.rank, &config);
 }
 
 ncclResult_t NcclConnection::pollUntilSettled(
@@ -152,16 +199,14 @@ ncclResult_t NcclConnection::pollUntilSettled(
     if (state != ncclInProgress) {
       return state;
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (aborted_) {
-        raise(std::string("aborted while ") + call + " was in progress");
-      }
+    // A shrink's parent being aborted ends it too: it waits for this use of it.
+    if (abortedNow() || (shrinkOf_ && shrinkOf_->parent->abortedNow())) {
+      raise(std::string("aborted while ") + call + " was in progress");
     }
     if (std::chrono::steady_clock::now() > deadline) {
       raise(std::string(call) + " did not finish within " +
             std::to_string(settings_.timeout.count()) + " ms" +
-            (std::strcmp(call, "ncclCommInitRank") == 0
+            (std::strcmp(call, "ncclCommInitRank") == 0 || std::strcmp(call, "ncclCommShrink") == 0
                  ? ": a member of the communicator never joined it"
                  : ""));
     }

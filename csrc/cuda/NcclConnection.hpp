@@ -31,6 +31,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,8 +53,22 @@ class NcclConnection {
     std::chrono::milliseconds timeout;  // for connecting, and for a call in progress
   };
 
+  // What a connection made by shrinking another is made from (ncclCommShrink, instead of a
+  // unique id and init).
+  struct ShrinkOf {
+    std::shared_ptr<NcclConnection> parent;
+    std::vector<int> excluded;   // the parent's communicator ranks left out, sorted
+    bool abortInFlight = false;  // NCCL_SHRINK_ABORT: the parent's operations end first
+  };
+
   // Starts connecting, on a thread that keeps the connection alive until it has settled.
   static std::shared_ptr<NcclConnection> open(Settings settings);
+  // Starts making the communicator from `origin.parent`'s (ncclCommShrink), on a thread as
+  // open() does; every other survivor of the parent does the same. `settings.idKey` only names
+  // it (as key()). The parent stays held until the new one is ready or has failed.
+  static std::shared_ptr<NcclConnection> shrink(Settings settings, ShrinkOf origin);
+  // Connected, and neither aborted nor closed: a communicator NCCL can still shrink.
+  bool live() const;
   // Closes the communicator (see close()) unless it was closed or aborted already.
   ~NcclConnection();
   NcclConnection(const NcclConnection&) = delete;
@@ -115,8 +130,13 @@ class NcclConnection {
   // (a lane's gate is open by then).
   enum class State { Connecting, Connected, Failed };
 
-  explicit NcclConnection(Settings settings) : settings_(std::move(settings)) {}
+  NcclConnection(Settings settings, std::optional<ShrinkOf> shrinkOf)
+      : settings_(std::move(settings)), shrinkOf_(std::move(shrinkOf)) {}
   void connect();
+  // connect()'s first step: a non-blocking communicator, from a unique id or from the parent
+  // (shrinkOf_); returns NCCL's result (ncclInProgress until it is ready).
+  ncclResult_t makeComm(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
+  bool abortedNow() const;
   ncclUniqueId exchangeId(std::chrono::steady_clock::time_point deadline);
   // Polls ncclCommGetAsyncError until it is no longer ncclInProgress; returns the result.
   ncclResult_t pollUntilSettled(ncclComm_t comm, const char* call,
@@ -126,6 +146,7 @@ class NcclConnection {
   void settle(State state, std::exception_ptr failure);
 
   const Settings settings_;
+  const std::optional<ShrinkOf> shrinkOf_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   State state_ = State::Connecting;

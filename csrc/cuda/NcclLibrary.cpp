@@ -2,8 +2,21 @@
 
 #include "cuda/NcclApi.hpp"
 
+#include <dlfcn.h>
+
 namespace streamnccl {
 namespace {
+
+// `name` in the NCCL this extension loaded (the library holding ncclGetVersion), or null.
+void* ncclSymbol(const char* name) {
+  Dl_info library{};
+  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &library) == 0 ||
+      library.dli_fname == nullptr) {
+    return nullptr;
+  }
+  void* handle = dlopen(library.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  return handle == nullptr ? nullptr : dlsym(handle, name);
+}
 
 class NcclLibrary final : public NcclApi {
  public:
@@ -12,6 +25,17 @@ class NcclLibrary final : public NcclApi {
   ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                   ncclConfig_t* config) override {
     return ncclCommInitRankConfig(comm, nranks, id, rank, config);
+  }
+  ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                          ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) override {
+    // Looked up, not linked: a reference to it would keep the extension from loading at all
+    // with an NCCL older than 2.27, which has none.
+    using Shrink = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+    static const auto shrink = reinterpret_cast<Shrink>(ncclSymbol("ncclCommShrink"));
+    if (shrink == nullptr) {
+      return ncclInvalidUsage;  // the caller checked the version first and says why
+    }
+    return shrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
   }
   ncclResult_t commFinalize(ncclComm_t comm) override { return ncclCommFinalize(comm); }
   ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }

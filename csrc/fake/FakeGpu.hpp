@@ -32,7 +32,9 @@
 
 #include <c10/core/Device.h>
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -74,6 +76,10 @@ class FakeGpu {
   const FakeModels& models() const;
   int deviceIndex() const { return deviceIndex_; }
   int computeCapability() const { return computeCapability_; }
+  // The NCCL version ncclGetVersion reports (NCCL_VERSION_CODE until set): a test stands for
+  // an older NCCL with it.
+  int ncclVersion() const { return ncclVersion_.load(); }
+  void setNcclVersion(int version) { ncclVersion_.store(version); }
   // The fake's index for `device`: the CPU tensors of a recorded group live on this GPU.
   int indexOf(const c10::Device& device) const;
 
@@ -244,6 +250,7 @@ class FakeGpu {
   const uint64_t serial_;  // keys the threads' current streams, which are per GPU
   const int deviceIndex_;
   const int computeCapability_;
+  std::atomic<int> ncclVersion_{NCCL_VERSION_CODE};
   CallLog log_;
   std::map<StreamId, Stream> streams_;
   std::map<EventId, Event> events_;

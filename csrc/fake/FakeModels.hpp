@@ -32,6 +32,11 @@ struct FakeModels {
   bool inProgress = true;
   // CUDA calls fail when a test asks for it, once or for good (off: the request is ignored).
   bool cudaErrors = true;
+  // ncclCommShrink: the survivors meet in a communicator of their own, renumbered in order,
+  // ready once every one of them has shrunk, and NCCL_SHRINK_ABORT first stops the parent's
+  // kernels (off: the new communicator keeps the parent's members and is ready at once, and
+  // the parent's kernels go on).
+  bool shrink = true;
   // CUDA_DEVICE_MAX_CONNECTIONS=1: all streams of a GPU share one hardware queue, in issue
   // order, and work that cannot run holds up everything behind it. Off by default, as on GPUs.
   bool singleQueue = false;
@@ -48,6 +53,7 @@ struct FakeModels {
                   : name == "in_progress"  ? &inProgress
                   : name == "cuda_errors"  ? &cudaErrors
                   : name == "single_queue" ? &singleQueue
+                  : name == "shrink"       ? &shrink
                                            : nullptr;
     if (field != nullptr) {
       *field = on;

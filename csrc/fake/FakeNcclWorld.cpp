@@ -57,6 +57,14 @@ uint64_t FakeNcclWorld::keyOf(const ncclUniqueId& id) {
   return key;
 }
 
+uint64_t FakeNcclWorld::shrunkKey(uint64_t parent, int nth, const std::vector<int>& excluded) {
+  uint64_t key = parent * 1000003 + static_cast<uint64_t>(nth) + 1;
+  for (const int rank : excluded) {
+    key = key * 31 + static_cast<uint64_t>(rank) + 1;
+  }
+  return key | (uint64_t{1} << 63);  // unique ids count up from 1
+}
+
 void FakeNcclWorld::join(uint64_t key, int rank, int nranks, FakeGpu* gpu) {
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);

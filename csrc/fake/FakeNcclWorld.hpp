@@ -47,6 +47,9 @@ class FakeNcclWorld {
   void removeGpu(FakeGpu* gpu);
   ncclUniqueId newId();
   static uint64_t keyOf(const ncclUniqueId& id);
+  // The key of the `nth` communicator shrunk from `parent` without `excluded`: the same for
+  // every survivor, and never a unique id's.
+  static uint64_t shrunkKey(uint64_t parent, int nth, const std::vector<int>& excluded);
   // `rank` of `nranks` joins the communicator `key`, on `gpu`.
   void join(uint64_t key, int rank, int nranks, FakeGpu* gpu);
   bool complete(uint64_t key) const;

@@ -4,6 +4,9 @@
 #include "fake/RecordingCuda.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
 
 #include <sstream>
 
@@ -162,7 +165,7 @@ const char* RecordingNccl::getLastError(ncclComm_t /*comm*/) {
 }
 
 ncclResult_t RecordingNccl::getVersion(int* version) {
-  *version = NCCL_VERSION_CODE;
+  *version = gpu_->ncclVersion();
   return ncclSuccess;
 }
 
@@ -205,6 +208,77 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
   made.initPending = !blocking;
   gpu_->log().add(call + " -> " + made.name);
   return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanksList,
+                                       int excludeRanksCount, ncclComm_t* newcomm,
+                                       ncclConfig_t* config, int shrinkFlags) {
+  const std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
+  const bool abortFirst = (shrinkFlags & NCCL_SHRINK_ABORT) != 0;
+  std::string call = "ncclCommShrink(" + commName(handleValue) + ", exclude=[" +
+                     c10::Join(",", excluded) + "]" + (abortFirst ? ", abort" : "") + ")";
+  if (gpu_->ncclVersion() < NCCL_VERSION(2, 27, 0)) {
+    gpu_->log().violation(call + " with NCCL " + std::to_string(gpu_->ncclVersion()) +
+                          ", which has no ncclCommShrink (2.27+)");
+    return ncclInvalidUsage;
+  }
+  gpu_->bindDevice();
+  std::unique_lock<std::mutex> lock(mutex_);
+  Comm* parent = usable(handleValue, call);
+  if (parent == nullptr) {
+    gpu_->log().add(call + " failed");
+    return ncclInvalidArgument;
+  }
+  if (parent->device != FakeGpu::currentDevice()) {
+    gpu_->log().violation(call + " on device " + std::to_string(FakeGpu::currentDevice()) +
+                          ", not its communicator's " + std::to_string(parent->device));
+  }
+  if (std::count(excluded.begin(), excluded.end(), parent->rank) > 0) {
+    gpu_->log().violation(call + " by rank " + std::to_string(parent->rank) +
+                          ", which it excludes");
+  }
+  const bool modelled = gpu_->models().shrink;
+  if (const ncclResult_t injected = outcome("ncclCommShrink"); injected != ncclSuccess) {
+    gpu_->log().add(call + " failed");
+    return injected;
+  }
+  if (abortFirst && modelled) {
+    // The parent's operations in flight quit; the parent itself stays to be freed.
+    gpu_->stopLaunches(parent->key, parent->rank);
+  }
+  // The survivors meet by what they share: the parent, which of its shrinks, whom it left out,
+  // renumbered in order without the excluded. (Unmodelled: the parent's members, unchanged.)
+  const uint64_t key = FakeNcclWorld::shrunkKey(parent->key, parent->shrinks++, excluded);
+  const auto before = [&](int out) { return out < parent->rank; };
+  const int rank =
+      modelled
+          ? parent->rank - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), before))
+          : parent->rank;
+  const int nranks = modelled ? parent->nranks - static_cast<int>(excluded.size()) : parent->nranks;
+  const int device = parent->device;
+  const bool blocking = config == nullptr || config->blocking != 0;
+  world_->join(key, rank, nranks, gpu_.get());
+  if (blocking && modelled) {
+    lock.unlock();
+    if (!world_->waitComplete(key, kBlockingInitWait)) {
+      gpu_->log().add(call + " never met the other survivors");
+      return ncclSystemError;
+    }
+    lock.lock();
+  }
+  const int64_t number = commsMade_++;
+  *newcomm = handle<ncclComm_t>(number);
+  Comm& made = comms_[number];
+  made.name = commName(*newcomm);
+  made.device = device;
+  made.nranks = nranks;
+  made.rank = rank;
+  made.key = key;
+  made.blocking = blocking;
+  made.initPending = !blocking && modelled;
+  gpu_->log().add(call + " -> " + made.name + " (rank " + std::to_string(rank) + " of " +
+                  std::to_string(nranks) + ")");
+  return blocking || !modelled ? ncclSuccess : ncclInProgress;
 }
 
 RecordingNccl::Comm* RecordingNccl::usable(ncclComm_t handleValue, const std::string& call) {

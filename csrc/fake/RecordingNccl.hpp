@@ -39,6 +39,12 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t getUniqueId(ncclUniqueId* id) override;
   ncclResult_t commInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
                                   ncclConfig_t* config) override;
+  // The survivors of `comm` meet in a communicator of their own, numbered anew in order; it
+  // is ready once all of them have shrunk (the excluded never do). NCCL_SHRINK_ABORT first
+  // stops this member's kernels of `comm`, as ncclCommAbort does, but leaves it to be freed.
+  // An NCCL older than 2.27 (FakeGpu::setNcclVersion) has no ncclCommShrink.
+  ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                          ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) override;
   ncclResult_t commFinalize(ncclComm_t comm) override;
   ncclResult_t commDestroy(ncclComm_t comm) override;
   ncclResult_t commAbort(ncclComm_t comm) override;
@@ -93,6 +99,7 @@ class RecordingNccl final : public NcclApi {
     std::vector<Pending> pending;  // its kernels, enqueued once done
     bool aborted = false;
     bool destroyed = false;
+    int shrinks = 0;  // made from it so far: the n-th of each survivor meet
     bool finalizing = false;
     // PreMulSum ops made on it: a host factor read at creation, or a device factor read by
     // the kernel when it runs.

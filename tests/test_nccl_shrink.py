@@ -1,0 +1,147 @@
+"""shrink on the NCCL path, over the fake GPU: the survivors of a group shrink its communicator
+with ncclCommShrink where every one of them still has it, and connect afresh where one does
+not (a broken group's communicators were aborted); the new group reduces among them alone.
+"""
+
+import gc
+from datetime import timedelta
+
+import pytest
+import torch
+from fakes import connect, fake_ranks, needs_nccl_path, opts, run_ranks, shut_down
+from streamnccl import _C
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions
+
+pytestmark = needs_nccl_path
+SHRINK_DEFAULT, SHRINK_ABORT = 0, 1
+
+
+@pytest.fixture(autouse=True)
+def fresh_thread_state():
+    yield
+    gc.collect()
+    _C._FakeGpu.forget_thread_device()
+
+
+def _all_reduce(pg, gpu, value):
+    tensor = torch.full((4,), float(value))
+    pg.allreduce([tensor], opts(AllreduceOptions, False)).wait()
+    gpu.synchronize()
+    return tensor
+
+
+def _gather_ranks(pg, gpu, value):
+    outputs = [torch.zeros(2) for _ in range(pg.size())]
+    pg.allgather([outputs], [torch.full((2,), float(value))], opts(AllgatherOptions)).wait()
+    gpu.synchronize()
+    return [int(out[0]) for out in outputs]
+
+
+def _shrink_and_gather(rank, pg, gpu, flags=SHRINK_DEFAULT):
+    gpu.clear()
+    small = pg.shrink([2], flags)
+    gathered = _gather_ranks(small, gpu, value=10 + rank)
+    return small, gathered, gpu.calls()
+
+
+def _survivors(groups, program):
+    """Runs program on ranks 0 and 1 of three: rank 2 is gone, it takes no part."""
+    return run_ranks(groups[:2], program)
+
+
+def _end(groups, results):
+    """Ends the new groups together, as their ranks would, and rank 2's old one (which in a
+    real job died with its rank)."""
+    shut_down([(small, gpu) for (small, _, _), (_, gpu) in zip(results, groups[:2], strict=True)])
+    groups[2][0].abort()
+
+
+def test_survivors_shrink_the_communicator_and_gather_among_themselves():
+    groups = connect(fake_ranks(3))
+    results = _survivors(groups, _shrink_and_gather)
+    for rank, (small, gathered, calls) in enumerate(results):
+        assert (small.rank(), small.size()) == (rank, 2)
+        assert gathered == [10, 11]  # rank 2's slot is gone, the others in their new order
+        # The pinned sequence: the communicator is shrunk, not made afresh, then used.
+        assert calls[0] == f"ncclCommShrink(C0, exclude=[2]) -> C1 (rank {rank} of 2)", calls
+        assert not [c for c in calls if c.startswith(("ncclGetUniqueId", "ncclCommInitRank"))]
+        assert any(c.startswith("ncclAllGather") and "C1" in c for c in calls), calls
+    _end(groups, results)
+    for _, gpu in groups:
+        assert gpu.violations() == []
+
+
+def test_a_broken_group_shrinks_to_fresh_communicators():
+    groups = connect(fake_ranks(3))
+
+    def break_then_shrink(rank, pg, gpu):
+        pg.abort()  # as a rank's death breaks it: the watchdog aborted its communicators
+        return _shrink_and_gather(rank, pg, gpu)
+
+    results = _survivors(groups, break_then_shrink)
+    for rank, (_, gathered, calls) in enumerate(results):
+        assert gathered == [10, 11]
+        assert not [c for c in calls if c.startswith("ncclCommShrink")], calls
+        assert f"ncclCommInitRank(nranks=2, rank={rank}, nonblocking) -> C1" in calls, calls
+    _end(groups, results)
+
+
+def test_survivors_shrink_only_what_every_one_of_them_still_has():
+    # Rank 0's group broke, rank 1's not yet: had rank 1 called ncclCommShrink, it would wait
+    # for rank 0, which cannot take part any more. They agree to connect afresh instead.
+    groups = connect(fake_ranks(3))
+
+    def rank_zero_broke(rank, pg, gpu):
+        if rank == 0:
+            pg.abort()
+        return _shrink_and_gather(rank, pg, gpu)
+
+    results = _survivors(groups, rank_zero_broke)
+    for _, gathered, calls in results:
+        assert gathered == [10, 11]
+        assert not [c for c in calls if c.startswith("ncclCommShrink")], calls
+    _end(groups, results)
+
+
+def test_shrink_abort_ends_the_old_groups_ops_in_flight():
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=30)))
+
+    def stuck_then_shrink(rank, pg, gpu):
+        stuck = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))  # rank 2 never joins
+        small, gathered, calls = _shrink_and_gather(rank, pg, gpu, SHRINK_ABORT)
+        with pytest.raises(torch.distributed.DistBackendError, match="SHRINK_ABORT"):
+            stuck.wait()
+        return small, gathered, calls
+
+    results = _survivors(groups, stuck_then_shrink)
+    for rank, (_, gathered, calls) in enumerate(results):
+        assert gathered == [10, 11]
+        shrink = f"ncclCommShrink(C0, exclude=[2], abort) -> C1 (rank {rank} of 2)"
+        # NCCL's abort of the old ops comes first, the old group's ncclCommAbort only after.
+        assert calls.index(shrink) < calls.index("ncclCommAbort(C0)"), calls
+    _end(groups, results)
+
+
+def test_an_nccl_without_comm_shrink_is_refused_at_the_call():
+    groups = connect(fake_ranks(3))
+
+    def old_nccl(rank, pg, gpu):
+        gpu.set_nccl_version(22605)
+        with pytest.raises(RuntimeError, match=r"NCCL 2\.27 or newer.*2\.26\.5"):
+            pg.shrink([2])
+
+    run_ranks(groups[:2], old_nccl)
+    assert [c for c in groups[0][1].calls() if "ncclCommShrink" in c] == []
+    # Nothing was issued: the group goes on, every rank in it.
+    sums = run_ranks(groups, lambda rank, pg, gpu: _all_reduce(pg, gpu, rank + 1))
+    assert [s.tolist() for s in sums] == [[6.0] * 4] * 3
+    shut_down(groups)
+
+
+def test_a_remaining_rank_that_never_shrinks_fails_the_others_within_the_timeout():
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=2)))
+    pg, gpu = groups[0]
+    with pytest.raises(torch.distributed.DistBackendError, match="not every remaining rank"):
+        pg.shrink([2])
+    assert [c for c in gpu.calls() if "ncclCommShrink" in c] == []
+    shut_down(groups)
