@@ -56,10 +56,9 @@ MUTANTS = [
              "  } else {\n    releaseTensors();")]),
     Mutant("future-before-finish", "the future completes before the op's finish kernels",
            "csrc/core/ProcessGroup.cpp",
-           [("      held->issue(*communicator, kernels, opStream);\n      if (held->finish) {\n"
-             "        held->finish(kernels);\n      }\n      outcome->succeed(outputs);",
+           [("      held->issue(*communicator, kernels, opStream);\n      if (held->finish) {\n",
              "      held->issue(*communicator, kernels, opStream);\n      outcome->succeed(outputs);\n"
-             "      if (held->finish) {\n        held->finish(kernels);\n      }")]),
+             "      if (held->finish) {\n")]),
     Mutant("future-not-device-aware", "futures name no device", "csrc/cuda/CudaDevice.hpp",
            [("{ return cuda_->futureDevices(device_); }", "{ return {}; }")]),
     Mutant("synchronize-does-nothing", "Work::synchronize() joins nothing", "csrc/core/Work.cpp",
