@@ -35,6 +35,7 @@ BEHAVIOUR = [
     "tests/test_work.py",
     "tests/test_ordering_sim.py",
     "tests/test_faults.py",
+    "tests/test_inflight_writes.py",
 ]
 CALL_LOGS = ["tests/test_cuda_call_sequences.py"]
 
@@ -196,6 +197,13 @@ MUTANTS = [
            "csrc/cuda/CudaDevice.cpp",
            [("      issue = std::move(waiting_.front());\n      waiting_.pop_front();",
              "      issue = std::move(waiting_.back());\n      waiting_.pop_back();")]),
+    # --- the in-flight write detector (STREAMNCCL_CHECK_INFLIGHT_WRITES)
+    Mutant("inflight-writes-unchecked", "async ops record no versions: writes in flight pass",
+           "csrc/core/ProcessGroup.cpp",
+           [("  if (inflightWrites_ && launch.async && !captured) {", "  if (false) {")]),
+    Mutant("inflight-own-writes-blamed", "an op's own kernels are not credited: false alarms",
+           "csrc/core/Kernels.cpp",
+           [("  if (ownWrites_ == nullptr) {", "  if (true) {")]),
 ]  # fmt: skip
 
 
