@@ -240,7 +240,7 @@ void bindRecording(py::module_& m) {
          bool highPriorityStreams, bool blockingWait, std::shared_ptr<fake::FakeNcclWorld> world,
          int deviceIndex, int computeCapability, bool enableTiming, int traceBufferSize,
          bool debugChecks, std::optional<std::string> dumpDir, bool singleHardwareQueue,
-         const std::map<std::string, bool>& models) {
+         bool checkInflightWrites, const std::map<std::string, bool>& models) {
         if (!world) {
           world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true, modelsFrom(models));
         }
@@ -254,6 +254,7 @@ void bindRecording(py::module_& m) {
         options->debugChecks = debugChecks;
         options->dumpDir = std::move(dumpDir);
         options->singleHardwareQueue = singleHardwareQueue;
+        options->checkInflightWrites = checkInflightWrites;
         ProcessGroup::PathFactories factories;
         factories.emplace(c10::kCPU, std::make_unique<CudaPathFactory>(
                                          std::make_shared<fake::RecordingNccl>(gpu, world),
@@ -268,7 +269,8 @@ void bindRecording(py::module_& m) {
       py::arg("world") = nullptr, py::arg("device_index") = 0, py::arg("compute_capability") = 90,
       py::arg("enable_timing") = false, py::arg("trace_buffer_size") = 0,
       py::arg("debug_checks") = false, py::arg("dump_dir") = py::none(),
-      py::arg("single_hardware_queue") = false, py::arg("models") = std::map<std::string, bool>{});
+      py::arg("single_hardware_queue") = false, py::arg("check_inflight_writes") = false,
+      py::arg("models") = std::map<std::string, bool>{});
 }
 #endif
 
@@ -286,8 +288,10 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
                        std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
                        std::optional<bool> debugChecks, std::optional<bool> enableTiming,
-                       std::optional<bool> singleHardwareQueue) {
+                       std::optional<bool> singleHardwareQueue,
+                       std::optional<bool> checkInflightWrites) {
              auto options = c10::make_intrusive<Options>();
+             options->checkInflightWrites = checkInflightWrites;
              options->singleHardwareQueue = singleHardwareQueue;
              options->enableTiming = enableTiming;
              options->highPriorityStreams = highPriorityStreams;
@@ -300,7 +304,8 @@ PYBIND11_MODULE(_C, m) {
            py::kw_only(), py::arg("high_priority_streams") = py::none(),
            py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
            py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none(),
-           py::arg("enable_timing") = py::none(), py::arg("single_hardware_queue") = py::none())
+           py::arg("enable_timing") = py::none(), py::arg("single_hardware_queue") = py::none(),
+           py::arg("check_inflight_writes") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
       .def_readwrite("dump_dir", &Options::dumpDir)
@@ -308,6 +313,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("debug_checks", &Options::debugChecks)
       .def_readwrite("enable_timing", &Options::enableTiming)
       .def_readwrite("single_hardware_queue", &Options::singleHardwareQueue)
+      .def_readwrite("check_inflight_writes", &Options::checkInflightWrites)
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");

@@ -35,6 +35,7 @@ BEHAVIOUR = [
     "tests/test_work.py",
     "tests/test_ordering_sim.py",
     "tests/test_faults.py",
+    "tests/test_inflight_writes.py",
 ]
 CALL_LOGS = ["tests/test_cuda_call_sequences.py"]
 
@@ -56,10 +57,9 @@ MUTANTS = [
              "  } else {\n    releaseTensors();")]),
     Mutant("future-before-finish", "the future completes before the op's finish kernels",
            "csrc/core/ProcessGroup.cpp",
-           [("      held->issue(*communicator, kernels, opStream);\n      if (held->finish) {\n"
-             "        held->finish(kernels);\n      }\n      outcome->succeed(outputs);",
+           [("      held->issue(*communicator, kernels, opStream);\n      if (held->finish) {\n",
              "      held->issue(*communicator, kernels, opStream);\n      outcome->succeed(outputs);\n"
-             "      if (held->finish) {\n        held->finish(kernels);\n      }")]),
+             "      if (held->finish) {\n")]),
     Mutant("future-not-device-aware", "futures name no device", "csrc/cuda/CudaDevice.hpp",
            [("{ return cuda_->futureDevices(device_); }", "{ return {}; }")]),
     Mutant("synchronize-does-nothing", "Work::synchronize() joins nothing", "csrc/core/Work.cpp",
@@ -197,6 +197,13 @@ MUTANTS = [
            "csrc/cuda/CudaDevice.cpp",
            [("      issue = std::move(waiting_.front());\n      waiting_.pop_front();",
              "      issue = std::move(waiting_.back());\n      waiting_.pop_back();")]),
+    # --- the in-flight write detector (STREAMNCCL_CHECK_INFLIGHT_WRITES)
+    Mutant("inflight-writes-unchecked", "async ops record no versions: writes in flight pass",
+           "csrc/core/ProcessGroup.cpp",
+           [("  if (inflightWrites_ && launch.async && !captured) {", "  if (false) {")]),
+    Mutant("inflight-own-writes-blamed", "an op's own kernels are not credited: false alarms",
+           "csrc/core/Kernels.cpp",
+           [("  if (ownWrites_ == nullptr) {", "  if (true) {")]),
 ]  # fmt: skip
 
 

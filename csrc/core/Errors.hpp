@@ -6,6 +6,9 @@
 //   - a communication fault or timeout: throwDistBackendError, which Python sees as
 //     torch.distributed.DistBackendError;
 //   - a broken invariant of our own: TORCH_INTERNAL_ASSERT.
+// Besides, the in-flight write detector (InflightWrites.hpp) raises a plain TORCH_CHECK
+// RuntimeError at wait(), as autograd does for a saved tensor modified in place: the caller's
+// error, found after the call, with nothing failed; the group stays usable.
 // Every macro takes what it reports as arguments; none reads a variable from the caller's scope.
 
 #include <c10/util/Exception.h>

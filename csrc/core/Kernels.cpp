@@ -1,5 +1,7 @@
 #include "core/Kernels.hpp"
 
+#include "core/InflightWrites.hpp"
+
 #include <ATen/ATen.h>
 
 namespace streamnccl {
@@ -26,17 +28,26 @@ const Kernel kZero{"zero_", [](c10::ArrayRef<at::Tensor> out, c10::ArrayRef<at::
 
 }  // namespace
 
+void Kernels::launch(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+                     c10::ArrayRef<at::Tensor> inputs, int64_t scalar) {
+  if (ownWrites_ == nullptr) {
+    device_.launch(kernel, outputs, inputs, scalar);
+    return;
+  }
+  ownWrites_->runOwnKernel(outputs, [&] { device_.launch(kernel, outputs, inputs, scalar); });
+}
+
 at::Tensor Kernels::contiguous(const at::Tensor& tensor) {
   if (tensor.is_contiguous()) {
     return tensor;
   }
   at::Tensor dense = at::empty(tensor.sizes(), tensor.options());
-  device_.launch(kCopy, {dense}, {tensor}, 0);
+  launch(kCopy, {dense}, {tensor}, 0);
   return dense;
 }
 
 void Kernels::copy(const at::Tensor& target, const at::Tensor& source) {
-  device_.launch(kCopy, {target}, {source}, 0);
+  launch(kCopy, {target}, {source}, 0);
 }
 
 at::Tensor Kernels::convert(const at::Tensor& tensor, at::ScalarType dtype) {
@@ -44,18 +55,18 @@ at::Tensor Kernels::convert(const at::Tensor& tensor, at::ScalarType dtype) {
     return tensor;
   }
   at::Tensor converted = at::empty(tensor.sizes(), tensor.options().dtype(dtype));
-  device_.launch(kCopy, {converted}, {tensor}, 0);
+  launch(kCopy, {converted}, {tensor}, 0);
   return converted;
 }
 
 at::Tensor Kernels::multiply(const at::Tensor& tensor, const at::Tensor& factor) {
   at::Tensor product = at::empty(tensor.sizes(), tensor.options());
-  device_.launch(kMultiply, {product}, {tensor, factor}, 0);
+  launch(kMultiply, {product}, {tensor, factor}, 0);
   return product;
 }
 
 void Kernels::divide(const at::Tensor& tensor, int64_t divisor) {
-  device_.launch(kDivide, {tensor}, {}, divisor);
+  launch(kDivide, {tensor}, {}, divisor);
 }
 
 at::Tensor Kernels::concatenate(const std::vector<at::Tensor>& parts) {
@@ -67,13 +78,13 @@ at::Tensor Kernels::concatenate(const std::vector<at::Tensor>& parts) {
     count += part.numel();
   }
   at::Tensor whole = at::empty({count}, parts.front().options());
-  device_.launch(kConcatenate, {whole}, flat, 0);
+  launch(kConcatenate, {whole}, flat, 0);
   return whole;
 }
 
 at::Tensor Kernels::zeros(at::IntArrayRef sizes, const at::TensorOptions& options) {
   at::Tensor zeros = at::empty(sizes, options);
-  device_.launch(kZero, {zeros}, {}, 0);
+  launch(kZero, {zeros}, {}, 0);
   return zeros;
 }
 

@@ -17,9 +17,14 @@
 
 namespace streamnccl {
 
+class InflightWrites;
+
 class Kernels {
  public:
-  explicit Kernels(Device& device) : device_(device) {}
+  // `ownWrites`: the group's, when the kernels are an async op's own and its in-flight writes
+  // are checked (InflightWrites.hpp): what each kernel bumps is credited to the group.
+  explicit Kernels(Device& device, InflightWrites* ownWrites = nullptr)
+      : device_(device), ownWrites_(ownWrites) {}
 
   // `tensor` itself when it is contiguous, else a contiguous copy of it.
   at::Tensor contiguous(const at::Tensor& tensor);
@@ -37,7 +42,11 @@ class Kernels {
   at::Tensor zeros(at::IntArrayRef sizes, const at::TensorOptions& options);
 
  private:
+  void launch(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,
+              c10::ArrayRef<at::Tensor> inputs, int64_t scalar);
+
   Device& device_;
+  InflightWrites* const ownWrites_;
 };
 
 }  // namespace streamnccl

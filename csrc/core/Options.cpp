@@ -110,6 +110,9 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   if (!resolved->debugChecks) {
     resolved->debugChecks = boolFromEnv("STREAMNCCL_DEBUG_CHECKS").value_or(false);
   }
+  if (!resolved->checkInflightWrites) {
+    resolved->checkInflightWrites = boolFromEnv("STREAMNCCL_CHECK_INFLIGHT_WRITES").value_or(false);
+  }
   if (!resolved->enableTiming) {
     resolved->enableTiming = boolFromEnv("STREAMNCCL_ENABLE_TIMING").value_or(false);
   }

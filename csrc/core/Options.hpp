@@ -38,6 +38,10 @@ class Options : public c10d::Backend::Options {
   // all ranks issue the same op with compatible shapes, and raises naming both sides if not.
   // Slow (a Store round trip per op); for finding mismatched collectives.
   std::optional<bool> debugChecks;
+  // STREAMNCCL_CHECK_INFLIGHT_WRITES: every async op records the version counters of its
+  // tensors at launch, and a tensor written meanwhile by anything but streamnccl's own ops
+  // raises at wait() (or, never waited for, is logged once per group). See InflightWrites.hpp.
+  std::optional<bool> checkInflightWrites;
 
   // CUDA_DEVICE_MAX_CONNECTIONS=1 (CUDA's own variable, read here as well): all streams of a
   // device share one hardware queue, so kernels run in issue order across streams. The two
@@ -64,6 +68,7 @@ class Options : public c10d::Backend::Options {
   bool useBlockingWait() const { return blockingWait.value_or(false); }
   bool useDebugChecks() const { return debugChecks.value_or(false); }
   bool useTiming() const { return enableTiming.value_or(false); }
+  bool useInflightWriteChecks() const { return checkInflightWrites.value_or(false); }
   bool hasSingleHardwareQueue() const { return singleHardwareQueue.value_or(false); }
   size_t flightRecorderCapacity() const { return static_cast<size_t>(traceBufferSize.value_or(0)); }
 };

@@ -39,6 +39,8 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
                                             rank)),
       stats_(std::make_shared<GroupStats>()),
       watchdog_(Watchdog::start(health_, stats_, [this] { return groupInfo(); })),
+      inflightWrites_(options_->useInflightWriteChecks() ? std::make_shared<InflightWrites>()
+                                                         : nullptr),
       uid_(groupsMade++) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
                     " is not in [0, ", size, ")");
@@ -442,6 +444,13 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   if (launch.sourceRank) {
     work->reportSourceRank(launch.sourceRank);
   }
+  // Only async ops: a sync one has run, or is queued on the caller's own stream, when the call
+  // returns. A captured op runs at replays, to which versions now say nothing.
+  std::shared_ptr<InflightWriteCheck> writes;
+  if (inflightWrites_ && launch.async && !captured) {
+    writes = inflightWrites_->watch(info, launch.inputs, launch.outputs);
+    work->checkWrites(writes);
+  }
 
   if (options_->useDebugChecks()) {
     checkSameOpOnEveryRank(info, launch.opType);
@@ -456,17 +465,26 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   const bool startsWithTask = device.tasksRunInStreamOrder();
   // The task holds its communicator, device and tensors until it has run, whatever the caller
   // drops. A failure in it breaks the group: its ranks can no longer be assumed in step.
-  auto task = [outcome, info, held, communicator = path.communicator, device = path.device,
+  // Where writes are checked, the op's own are not the caller's: what its kernels bump is
+  // credited to the group, and what its communicator writes bumps no counter.
+  std::shared_ptr<Communicator> communicator = path.communicator;
+  if (writes) {
+    communicator = std::make_shared<UnversionedCommunicator>(std::move(communicator));
+  }
+  auto task = [outcome, info, held, communicator = std::move(communicator), device = path.device,
                outputs = launch.outputs, opStream, watchdog = watchdog_, group = groupInfo(),
-               startsWithTask]() {
+               startsWithTask, writes]() {
     try {
       if (startsWithTask) {
         watchdog->health().recorder().started(info.traceId);
       }
-      Kernels kernels(*device);
+      Kernels kernels(*device, writes ? &writes->group() : nullptr);
       held->issue(*communicator, kernels, opStream);
       if (held->finish) {
         held->finish(kernels);
+      }
+      if (writes) {
+        writes->noteCompleted();  // before the future's callbacks, which may write the result
       }
       outcome->succeed(outputs);  // completed is recorded when its end event has passed
     } catch (...) {

@@ -3,6 +3,7 @@
 #include "core/FlightRecorder.hpp"
 #include "core/GroupHealth.hpp"
 #include "core/GroupStats.hpp"
+#include "core/InflightWrites.hpp"
 #include "core/Kernels.hpp"
 #include "core/OnceMap.hpp"
 #include "core/Options.hpp"
@@ -263,7 +264,8 @@ class ProcessGroup final : public c10d::Backend {
   const std::shared_ptr<GroupHealth> health_;
   const std::shared_ptr<GroupStats> stats_;
   const std::shared_ptr<Watchdog> watchdog_;
-  const int64_t uid_;  // this process's count of groups
+  const std::shared_ptr<InflightWrites> inflightWrites_;  // null unless checkInflightWrites
+  const int64_t uid_;                                     // this process's count of groups
 
   std::vector<int> globalRanks_;
   std::once_flag recordedGroupMade_;

@@ -1,6 +1,7 @@
 #include "core/Work.hpp"
 
 #include "core/Errors.hpp"
+#include "core/InflightWrites.hpp"
 #include "core/Watchdog.hpp"
 
 namespace streamnccl {
@@ -121,6 +122,9 @@ bool Work::isCompleted() {
   if (state == EndState::DeviceError) {
     failWithDeviceError();
   }
+  if (state != EndState::Pending && writes_) {
+    writes_->noteCompletionVisible();  // a write after this may have followed it
+  }
   return state != EndState::Pending;
 }
 
@@ -171,6 +175,10 @@ bool Work::wait(std::chrono::milliseconds timeout) {
     // A CUDA error on the way (a sticky one fails every call): the op's device failed.
     outcome_->fail(info_, std::current_exception());
     std::rethrow_exception(outcome_->failure());
+  }
+  // Outside the try: a write found is the caller's error, not the device's.
+  if (writes_) {
+    writes_->judgeAtWait();
   }
   return true;
 }
@@ -228,7 +236,14 @@ bool Work::waitForEnd(std::chrono::milliseconds limit) {
   }
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() { return outcome_->future(); }
+c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
+  if (writes_) {
+    // Its then() callbacks and wait() see the op complete: writes after that are the caller's
+    // to make (DDP's comm hooks write the result in one).
+    writes_->noteCompletionVisible();
+  }
+  return outcome_->future();
+}
 
 std::optional<double> Work::durationMs() const {
   if (!start_ || !end_ || captured_) {

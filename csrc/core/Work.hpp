@@ -15,6 +15,7 @@
 
 namespace streamnccl {
 
+class InflightWriteCheck;
 class Watchdog;
 
 // The outcome of one op, shared by its Work and by the task that runs it: the task may
@@ -63,6 +64,9 @@ class Work : public c10d::Work {
   // kernels use besides them), are held until wait() has joined it to the caller's stream.
   void markCaptured(std::shared_ptr<const void> temporaries);
   bool captured() const { return captured_; }
+  // Options::checkInflightWrites: wait() raises if a tensor of the op was written while it was
+  // in flight (InflightWrites.hpp).
+  void checkWrites(std::shared_ptr<InflightWriteCheck> writes) { writes_ = std::move(writes); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -130,6 +134,7 @@ class Work : public c10d::Work {
   bool captured_ = false;
 
   std::shared_ptr<const std::atomic<int>> sender_;  // set for a recv from any source
+  std::shared_ptr<InflightWriteCheck> writes_;      // set when in-flight writes are checked
 
   std::unique_ptr<Event> start_;
   std::unique_ptr<Event> end_;

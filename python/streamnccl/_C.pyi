@@ -13,6 +13,7 @@ class Options(dist.Backend.Options):
     debug_checks: bool | None
     enable_timing: bool | None
     single_hardware_queue: bool | None
+    check_inflight_writes: bool | None
     def __init__(
         self,
         *,
@@ -23,6 +24,7 @@ class Options(dist.Backend.Options):
         debug_checks: bool | None = None,
         enable_timing: bool | None = None,
         single_hardware_queue: bool | None = None,
+        check_inflight_writes: bool | None = None,
     ) -> None: ...
     def resolved(self) -> Options: ...
 
