@@ -81,7 +81,7 @@ def test_a_write_in_flight_raises_at_wait_on_the_host_path(rank_pools):
     assert after == [3.0] * 3 and results[1][2] == [3.0] * 3
 
 
-def _the_ops_own_writes_are_not_flagged(ctx):
+def _no_false_alarm(ctx):
     group = checked_group()
     n, me = ctx.world_size, ctx.rank
     raised, logs = [], []
@@ -125,6 +125,17 @@ def _the_ops_own_writes_are_not_flagged(ctx):
         work = dist.all_reduce(x, group=group, async_op=True)
         y.add_(1)
         raised.append(wait_and_report(work))
+        # A write once the op was seen complete, before wait(): through is_completed(), or
+        # the future.
+        work = dist.all_reduce(x, group=group, async_op=True)
+        while not work.is_completed():
+            pass
+        x.add_(1)
+        raised.append(wait_and_report(work))
+        work = dist.all_reduce(x, group=group, async_op=True)
+        work.get_future().wait()
+        x.add_(1)
+        raised.append(wait_and_report(work))
         # A DDP comm hook's then() writes the result once the op has completed; its Work is
         # never waited for.
         z = torch.ones(3)
@@ -137,8 +148,8 @@ def _the_ops_own_writes_are_not_flagged(ctx):
     return raised, logs[0]
 
 
-def test_the_ops_own_writes_are_not_flagged(rank_pools):
-    for raised, log in rank_pools(2).run(_the_ops_own_writes_are_not_flagged):
+def test_no_false_alarm_on_the_host_path(rank_pools):
+    for raised, log in rank_pools(2).run(_no_false_alarm):
         assert raised == [None] * len(raised)
         assert FOUND not in log, log
 
