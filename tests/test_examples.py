@@ -13,12 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 INFLIGHT_WRITES_FOUND = "was written while the op was in flight"
 
 
-def torchrun(script, nproc, *args, timeout_s, cwd, checks=False):
+def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=()):
     """Runs examples/<script> under torchrun; a hang fails the test after `timeout_s`. `checks`:
     with the in-flight write detector on."""
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", *torchrun_args,
         str(ROOT / "examples" / script), *args,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -61,6 +61,12 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    # torchelastic's restarted workers meet in the same store as the attempt before them, whose
+    # keys are still there: Gloo would read the dead workers' addresses, and the NCCL path
+    # their unique ids. Each attempt keeps to keys of its own.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None:
+        store = dist.PrefixStore(f"streamnccl/attempt/{attempt}/", store)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, timeout)
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
     if len(global_ranks) != size:
