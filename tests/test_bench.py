@@ -233,6 +233,15 @@ def test_table_puts_the_backends_side_by_side_with_the_time_ratio():
     assert "# all_reduce time ratio: 0.500 at 4096 B (smallest), 1.500 at 1048576 B" in text
 
 
+def test_ratio_is_the_median_of_the_ratios_within_rounds():
+    # A burst of noise in one round (the third) moves the means, not the paired median.
+    ours = result("streamnccl", 1.0)
+    ours.round_times_us = [110.0, 210.0, 900.0]
+    theirs = result("gloo", 1.0)
+    theirs.round_times_us = [100.0, 200.0, 100.0]
+    assert report.ratio({"streamnccl": ours, "gloo": theirs}, "gloo") == pytest.approx(1.1)
+
+
 def test_json_has_the_documented_keys(tmp_path):
     args = parse_args(["--op", "all_reduce", "--json", str(tmp_path / "r.json")])
     settle(args, "cpu")

@@ -40,6 +40,42 @@ def test_reduce_to_every_root(rank_pools, world_size, mode, op_name):
     rank_pools(world_size).run(_reduce, mode, op_name)
 
 
+def _reduce_changing_sizes_and_grouped(ctx, mode):
+    # A non-root rank reduces a copy of its input, in a buffer its group keeps for the next
+    # reduce: each op, smaller or larger than the last, of another dtype, or in flight with
+    # another in one coalesced group, must reduce its own data and leave the input alone.
+    cases = [(300, torch.float64), (5, torch.float32), (7, torch.int32), (600, torch.float32)]
+    for i, (count, dtype) in enumerate(cases):
+        x = (rand(ctx, 50 + i, (count,), torch.float64) * 10).to(dtype)
+        expected = x.clone()
+        dist.reduce(expected, dst=0, group=ctx.gloo)
+        actual = x.clone()
+        run_op(lambda a, t=actual: dist.reduce(t, dst=0, async_op=a), mode)
+        if ctx.rank == 0:
+            torch.testing.assert_close(actual, expected)
+        else:
+            assert torch.equal(actual, x)
+    first, second = rand(ctx, 60, (64,)), rand(ctx, 61, (64,))
+    expected = [first.clone(), second.clone()]
+    for tensor in expected:
+        dist.reduce(tensor, dst=1, group=ctx.gloo)
+    actual = [first.clone(), second.clone()]
+    with dist._coalescing_manager(async_ops=True) as coalesced:
+        for tensor in actual:
+            dist.reduce(tensor, dst=1)
+    coalesced.wait()
+    for got, want, original in zip(actual, expected, (first, second), strict=True):
+        if ctx.rank == 1:
+            torch.testing.assert_close(got, want)
+        else:
+            assert torch.equal(got, original)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reduce_of_changing_sizes_and_in_a_group(rank_pools, mode):
+    rank_pools(3).run(_reduce_changing_sizes_and_grouped, mode)
+
+
 # ---- reduce_scatter -------------------------------------------------------------------------
 
 

@@ -64,6 +64,18 @@ class Communicator {
   // `input` holds size() * output.numel() elements; rank r receives the reduction of chunk r.
   virtual void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                              c10::Stream stream) = 0;
+  // Whether allToAll() is there: one exchange that the communicator's library does itself.
+  // Where it is not (NCCL has no call for it), the core lowers all_to_all to a group of sends
+  // and recvs.
+  virtual bool hasAllToAll() const { return false; }
+  // `input` and `output` are bytes: block r of `input`, inSplits[r] bytes in rank order, goes
+  // to rank r, and block r of `output`, outSplits[r] bytes, comes from rank r, this rank's own
+  // block included.
+  virtual void allToAll(const at::Tensor& /*input*/, const at::Tensor& /*output*/,
+                        const std::vector<int64_t>& /*inSplits*/,
+                        const std::vector<int64_t>& /*outSplits*/, c10::Stream /*stream*/) {
+    TORCH_INTERNAL_ASSERT(false, "streamnccl: this communicator has no all-to-all of its own");
+  }
   virtual void send(const at::Tensor& input, int peer, c10::Stream stream) = 0;
   virtual void recv(const at::Tensor& output, int peer, c10::Stream stream) = 0;
   // Receives the next message any peer sends to this rank's lanes; returns the sender. Only

@@ -197,6 +197,13 @@ void UnversionedCommunicator::allGather(const at::Tensor& input, const at::Tenso
   wrapped_.allGather(buffers.input, buffers.output, stream);
 }
 
+void UnversionedCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
+                                       const std::vector<int64_t>& inSplits,
+                                       const std::vector<int64_t>& outSplits, c10::Stream stream) {
+  const auto buffers = unversionedPair(input, output);
+  wrapped_.allToAll(buffers.input, buffers.output, inSplits, outSplits, stream);
+}
+
 void UnversionedCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
                                      const ReduceOp& op, int root, c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);

@@ -152,6 +152,10 @@ class UnversionedCommunicator final : public Communicator {
               c10::Stream stream) override;
   void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
+  bool hasAllToAll() const override { return wrapped_.hasAllToAll(); }
+  void allToAll(const at::Tensor& input, const at::Tensor& output,
+                const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits,
+                c10::Stream stream) override;
   void send(const at::Tensor& input, int peer, c10::Stream stream) override {
     wrapped_.send(input, peer, stream);  // only reads it
   }

@@ -1,5 +1,6 @@
 // send/recv, and the ops NCCL has no call for, lowered to one communicator group of sends and
-// recvs: gather, scatter, alltoall. Data moves as bytes, so every dtype moves on every path.
+// recvs: gather, scatter, alltoall (one call where the communicator has its own, as Gloo does).
+// Data moves as bytes, so every dtype moves on every path.
 // Temporaries made in `issue` are kept in the op's Scratch until the task ends (Lowering.hpp).
 
 #include "core/Checks.hpp"
@@ -242,6 +243,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
                 opts.timeout};
   launch.inputSplitSizes = inputSplitSizes;
   launch.outputSplitSizes = outputSplitSizes;
+  if (path.communicator->hasAllToAll()) {
+    std::vector<int64_t> inBytes(size);
+    std::vector<int64_t> outBytes(size);
+    for (const auto r : c10::irange(size)) {
+      inBytes[r] = inSplits[r] * inRow;
+      outBytes[r] = outSplits[r] * outRow;
+    }
+    return submit(std::move(launch), path,
+                  {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+                     (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
+                     (*scratch)[1] = kernels.contiguous(output);
+                     comm.allToAll((*scratch)[0], lowering::bytes((*scratch)[1]), inBytes, outBytes,
+                                   stream);
+                   },
+                   [=](Kernels& kernels) { lowering::copyBack(kernels, output, (*scratch)[1]); }});
+  }
   return submit(std::move(launch), path,
                 {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                    (*scratch)[0] = lowering::bytes(kernels.contiguous(input));

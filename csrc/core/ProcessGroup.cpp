@@ -27,6 +27,12 @@ std::unordered_set<ProcessGroup*>& liveGroups() {
 
 std::atomic<int64_t> groupsMade{0};
 
+// The value type of every op's future. Made once: making it is a shared allocation, per op.
+const c10::TypePtr& tensorListType() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
@@ -321,8 +327,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
   Coalesced& group = *coalescing_;
   if (group.path == nullptr) {
     group.path = &path;
-    group.outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
-                                                path.device->futureDevices());
+    group.outcome = std::make_shared<OpOutcome>(tensorListType(), path.device->futureDevices());
   }
   STREAMNCCL_CHECK_ARG(group.path == &path, launch.op, "tensors on ", path.device->device(),
                        " cannot join a coalesced group on ", group.path->device->device(),
@@ -435,8 +440,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   info.traceId = trace(launch, timeout);
   info.path = path.description;
   if (!outcome) {
-    outcome = std::make_shared<OpOutcome>(c10::ListType::create(c10::TensorType::get()),
-                                          device.futureDevices());
+    outcome = std::make_shared<OpOutcome>(tensorListType(), device.futureDevices());
   }
   auto work =
       c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
@@ -624,8 +628,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
   Coalesced group = std::move(*coalescing_);
   coalescing_.reset();
   if (group.steps.empty()) {
-    auto done =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    auto done = c10::make_intrusive<c10::ivalue::Future>(tensorListType());
     done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
     return c10d::Work::create_from_future(done);
   }

@@ -6,14 +6,21 @@
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <functional>
+
 namespace streamnccl {
 
 namespace {
 
 // Gloo names each of its ops in a profile ("gloo:all_reduce"), beside the op's own
-// record_param_comms range: the op is streamnccl's, and shows once.
+// record_param_comms range: the op is streamnccl's, and shows once. The guard costs more than
+// a small Gloo op's own bookkeeping, so it is only taken when something observes.
 template <typename Call>
 auto unobserved(Call call) {
+  if (!at::hasCallbacks()) {
+    return call();
+  }
   at::DisableRecordFunctionGuard notRecorded;
   return call();
 }
@@ -87,7 +94,7 @@ void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
   refuseIfAborted();
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
-                                                           : input.clone()};
+                                                           : copyToScratch(input)};
   c10d::ReduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
@@ -102,6 +109,27 @@ void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = toGloo(op.kind);
   complete(unobserved([&] { return gloo_->_reduce_scatter_base(out, in, opts); }));
+}
+
+void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
+                                const std::vector<int64_t>& inSplits,
+                                const std::vector<int64_t>& outSplits, c10::Stream /*stream*/) {
+  refuseIfAborted();
+  // Gloo takes its arguments by reference, as c10d's Backend declares them. Even splits go as
+  // none: Gloo then takes its all-to-all of equal blocks, faster than the one of any blocks.
+  at::Tensor in = input;
+  at::Tensor out = output;
+  auto even = [](const std::vector<int64_t>& splits) {
+    return std::adjacent_find(splits.begin(), splits.end(), std::not_equal_to<>()) == splits.end();
+  };
+  std::vector<int64_t> inBytes;
+  std::vector<int64_t> outBytes;
+  if (!even(inSplits) || !even(outSplits)) {
+    inBytes = inSplits;
+    outBytes = outSplits;
+  }
+  complete(unobserved(
+      [&] { return gloo_->alltoall_base(out, in, outBytes, inBytes, c10d::AllToAllOptions()); }));
 }
 
 // User tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks
@@ -126,6 +154,20 @@ int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*
   auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
   work->wait();
   return work->sourceRank();
+}
+
+at::Tensor HostCommunicator::copyToScratch(const at::Tensor& input) {
+  const auto bytes = static_cast<int64_t>(input.nbytes());
+  // Ops of one group are in flight together until its end: each needs a buffer of its own.
+  if (groupDepth_ > 0 || bytes > kKeptScratchBytes) {
+    return input.clone();
+  }
+  if (!scratch_.defined() || scratch_.numel() < bytes) {
+    scratch_ = at::empty({bytes}, input.options().dtype(at::kByte));
+  }
+  at::Tensor copy = scratch_.narrow(0, 0, bytes).view(input.scalar_type()).view(input.sizes());
+  copy.copy_(input);
+  return copy;
 }
 
 void HostCommunicator::refuseIfAborted() const {

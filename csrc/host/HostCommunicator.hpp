@@ -30,6 +30,11 @@ class HostCommunicator final : public Communicator {
               c10::Stream stream) override;
   void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
+  // Gloo's own all-to-all: one exchange, where sends and recvs would be one Gloo op each.
+  bool hasAllToAll() const override { return true; }
+  void allToAll(const at::Tensor& input, const at::Tensor& output,
+                const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits,
+                c10::Stream stream) override;
   void send(const at::Tensor& input, int peer, c10::Stream stream) override;
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
   int recvFromAnySource(const at::Tensor& output, c10::Stream stream) override;
@@ -45,6 +50,10 @@ class HostCommunicator final : public Communicator {
   // Outside a group a Gloo op is waited on at once; inside one, at the outermost groupEnd().
   void complete(c10::intrusive_ptr<c10d::Work> work);
   void refuseIfAborted() const;
+  // A copy of `input` that Gloo may overwrite (a non-root rank's reduce), in a buffer kept for
+  // the next one: a fresh allocation of a large buffer costs more than the copy itself.
+  at::Tensor copyToScratch(const at::Tensor& input);
+  static constexpr int64_t kKeptScratchBytes = 64 << 20;  // larger ones are not kept
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   const int tag_;
@@ -52,6 +61,7 @@ class HostCommunicator final : public Communicator {
   // Touched only by the host stream's executor, one task at a time.
   int groupDepth_ = 0;
   std::vector<c10::intrusive_ptr<c10d::Work>> grouped_;
+  at::Tensor scratch_;  // bytes, for copyToScratch()
 };
 
 }  // namespace streamnccl

@@ -67,7 +67,9 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is not None:
         store = dist.PrefixStore(f"streamnccl/attempt/{attempt}/", store)
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, timeout)
+    gloo = dist.ProcessGroupGloo(
+        dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, _gloo_options(timeout)
+    )
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
     if len(global_ranks) != size:
         global_ranks = list(range(size))
@@ -77,6 +79,21 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     group = ProcessGroup(store, rank, size, timeout, pg_options, gloo)
     group._set_global_ranks(global_ranks)
     return group
+
+
+def _gloo_options(timeout: timedelta) -> "dist.ProcessGroupGloo._Options":
+    """Gloo's options as torch makes them for a gloo group (its devices from GLOO_SOCKET_IFNAME,
+    else the default), but one worker thread per device instead of two: the group runs its
+    collectives one at a time, in program order, so Gloo's second thread would only wait."""
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+    if interfaces:
+        options._devices = [dist.ProcessGroupGloo.create_device(interface=i) for i in interfaces]
+    else:
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    options._threads = len(options._devices)
+    return options
 
 
 def dump_flight_recorder(path: str | os.PathLike | None = None) -> bytes:

@@ -3,6 +3,7 @@
 import json
 import platform
 import socket
+import statistics
 import time
 from collections import defaultdict
 
@@ -15,8 +16,10 @@ TIME_MEANS = (
     "the mean over --iters ops on each rank, then the max over ranks"
 )
 RATIO_MEANS = (
-    "streamnccl time_us / baseline time_us for the same op and size: 1.00 is parity, below 1 "
-    "streamnccl is faster; its busbw ratio is the inverse"
+    "streamnccl's time / the baseline's for the same op and size, taken in each round (the two"
+    " run back to back) and the median over --rounds: 1.00 is parity, below 1 streamnccl is"
+    " faster. Paired rounds, because on a shared machine the noise between rounds is larger"
+    " than the difference between backends"
 )
 
 
@@ -65,10 +68,13 @@ def write_json(path: str, meta_: dict, results, notes: list[str]) -> None:
 
 
 def ratio(results_of_row: dict, baseline: str) -> float | None:
-    """streamnccl's time over the baseline's at one op and size."""
+    """streamnccl's time over the baseline's at one op and size: the median over rounds of
+    the ratio within a round (with one round, the ratio of the times)."""
     if baseline not in results_of_row:
         return None
-    return results_of_row["streamnccl"].time_us / results_of_row[baseline].time_us
+    ours = results_of_row["streamnccl"].round_times_us
+    theirs = results_of_row[baseline].round_times_us
+    return statistics.median(o / t for o, t in zip(ours, theirs, strict=True))
 
 
 def _gbps(value: float) -> str:
