@@ -34,6 +34,32 @@ def threads_named(name):
     return switches
 
 
+def test_a_group_of_sync_ops_starts_no_worker_thread():
+    # Sync host ops run on their callers: a group that only has those needs no thread of its
+    # own, and with one per group, 64 subgroups would hold 64 idle threads.
+    others = set(threads_named("streamnccl-host"))  # other tests' groups, in this process
+    store = dist.HashStore()
+    timeout = timedelta(seconds=60)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, timeout)
+    group = streamnccl.ProcessGroup(store, 0, 1, timeout, streamnccl.Options(), gloo)
+    sync = AllreduceOptions()
+    sync.asyncOp = False
+    x = torch.ones(4)
+    for _ in range(3):
+        group.allreduce([x], sync)
+    assert torch.equal(x, torch.ones(4))
+    assert set(threads_named("streamnccl-host")) <= others
+    asynchronous = AllreduceOptions()
+    asynchronous.asyncOp = True
+    group.allreduce([x], asynchronous).wait()  # the first async op starts it
+    deadline = time.monotonic() + 10
+    while not set(threads_named("streamnccl-host")) - others:
+        assert time.monotonic() < deadline, "an async op started no worker thread"
+        time.sleep(0.01)
+    group.shutdown()
+    del group
+
+
 def test_a_sync_op_does_not_wake_the_idle_worker():
     store = dist.HashStore()
     timeout = timedelta(seconds=60)
@@ -42,7 +68,9 @@ def test_a_sync_op_does_not_wake_the_idle_worker():
     sync = AllreduceOptions()
     sync.asyncOp = False
     x = torch.ones(4)
-    group.allreduce([x], sync)  # opens the host path and its worker
+    asynchronous = AllreduceOptions()
+    asynchronous.asyncOp = True
+    group.allreduce([x], asynchronous).wait()  # opens the host path and starts its worker
     # The worker names itself once it runs, which on a busy machine may be a moment later.
     deadline = time.monotonic() + 10
     while not (before := threads_named("streamnccl-host")):

@@ -4,11 +4,16 @@
 
 namespace streamnccl {
 
-HostWorker::HostWorker()
-    : thread_([this] {
-        c10::setThreadName("streamnccl-host");  // what py-spy, gdb and top show
-        loop();
-      }) {}
+void HostWorker::startThreadLocked() {
+  if (!thread_.joinable()) {
+    thread_ = std::thread([this] {
+      c10::setThreadName("streamnccl-host");  // what py-spy, gdb and top show
+      loop();
+    });
+    // Before the thread can take a task: it waits for the lock this caller holds.
+    workerId_ = thread_.get_id();
+  }
+}
 
 HostWorker::~HostWorker() {
   {
@@ -16,6 +21,9 @@ HostWorker::~HostWorker() {
     stopping_ = true;
   }
   wake_.notify_all();
+  if (!thread_.joinable()) {
+    return;  // never needed: every task ran on its caller
+  }
   // Joining from the worker itself (the last owner released inside a task) would deadlock.
   if (thread_.get_id() == std::this_thread::get_id()) {
     thread_.detach();
@@ -27,13 +35,14 @@ HostWorker::~HostWorker() {
 void HostWorker::enqueue(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    startThreadLocked();
     tasks_.push_back(std::move(task));
   }
   wake_.notify_one();
 }
 
 void HostWorker::runInOrder(const std::function<void()>& task) {
-  if (std::this_thread::get_id() == thread_.get_id()) {
+  if (std::this_thread::get_id() == workerId_.load()) {
     // Called from a task (a future callback issuing a sync op): waiting for the queue would
     // wait for ourselves. Inline is in order too: every rank runs it at the same point.
     task();
@@ -44,6 +53,7 @@ void HostWorker::runInOrder(const std::function<void()>& task) {
     if (!busy_ && tasks_.empty()) {
       busy_ = true;
     } else {
+      startThreadLocked();
       bool done = false;
       tasks_.push_back([&] {
         task();

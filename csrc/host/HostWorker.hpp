@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -9,10 +10,11 @@
 namespace streamnccl {
 
 // The host path's internal stream: one thread that runs tasks in the order they were
-// enqueued. Destruction runs every task already enqueued, then joins.
+// enqueued. Destruction runs every task already enqueued, then joins. The thread starts with
+// the first task that needs it: a group whose ops are all sync runs them on its callers.
 class HostWorker {
  public:
-  HostWorker();
+  HostWorker() = default;
   ~HostWorker();
   HostWorker(const HostWorker&) = delete;
   HostWorker& operator=(const HostWorker&) = delete;
@@ -24,6 +26,7 @@ class HostWorker {
 
  private:
   void loop();
+  void startThreadLocked();  // with `mutex_` held
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -32,6 +35,8 @@ class HostWorker {
   bool busy_ = false;  // a task is running, on the worker or on a caller
   bool stopping_ = false;
   std::thread thread_;
+  // The worker's id, read without the lock by callers asking whether they are it.
+  std::atomic<std::thread::id> workerId_{};
 };
 
 }  // namespace streamnccl
