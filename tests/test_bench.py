@@ -260,7 +260,7 @@ def test_json_has_the_documented_keys(tmp_path):
 # --- runs --------------------------------------------------------------------------------
 
 
-def run_bench(*args, nproc, timeout_s, cwd):
+def run_bench(*args, nproc, timeout_s, cwd, module="streamnccl.bench"):
     """python -m streamnccl.bench under torchrun (or alone with nproc=None); a hang fails
     the test after `timeout_s` with what it printed."""
     launcher = [sys.executable]
@@ -270,7 +270,7 @@ def run_bench(*args, nproc, timeout_s, cwd):
     # This checkout's package first, installed or not.
     path = os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
-    command = [*launcher, "-m", "streamnccl.bench", *args]
+    command = [*launcher, "-m", module, *args]
     try:
         return subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd
@@ -372,3 +372,23 @@ def test_arguments_no_backend_can_run_exit_2_with_the_reason(tmp_path):
                      cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "gloo has no AVG reduction" in done.stderr
+
+
+def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
+    report_file = tmp_path / "scale.json"
+    done = run_bench("--ops", "300", "--inflight", "50", "--groups", "3", "--json",
+                     str(report_file), nproc=2, timeout_s=180, cwd=tmp_path,
+                     module="streamnccl.bench.scale")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(report_file.read_text())
+    assert document["world_size"] == 2
+    for backend in ("streamnccl", "gloo"):
+        measures = document["results"][backend]
+        loop = measures["loop"]
+        assert loop["us_per_op"] > 0 and len(loop["rss_mib"]) == 11
+        assert all(mib > 0 for mib in loop["rss_mib"])
+        flight = measures["in_flight"]
+        assert flight["wrong"] == 0 and 0 < flight["issue_ms"] <= flight["all_done_ms"]
+        groups = measures["subgroups"]
+        assert groups["make_ms"] > 0 and groups["threads_per_group"] >= 1
+        assert f"{backend} subgroups: make_ms" in done.stdout
