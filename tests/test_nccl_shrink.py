@@ -145,3 +145,50 @@ def test_a_remaining_rank_that_never_shrinks_fails_the_others_within_the_timeout
         pg.shrink([2])
     assert [c for c in gpu.calls() if "ncclCommShrink" in c] == []
     shut_down(groups)
+
+
+def test_a_survivor_that_gives_up_ends_the_others_shrink_and_a_second_shrink_works():
+    # Rank 0's ncclCommShrink fails: rank 1, whose NCCL would wait for rank 0 until its
+    # timeout (a minute here), ends at once and says why. Both count the shrink as done, so
+    # the next one meets, afresh where a communicator was aborted to end the first.
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=60)))
+
+    def one_gives_up(rank, pg, gpu):
+        gpu.clear()
+        if rank == 0:
+            gpu.fail_next("ncclCommShrink")
+        expected = "injected failure" if rank == 0 else "another survivor gave up.*injected"
+        with pytest.raises(torch.distributed.DistBackendError, match=expected):
+            pg.shrink([2])
+        first_calls = gpu.calls()
+        small, gathered, _ = _shrink_and_gather(rank, pg, gpu)
+        return small, gathered, first_calls
+
+    results = _survivors(groups, one_gives_up)
+    for _, gathered, _ in results:
+        assert gathered == [10, 11]
+    # Rank 1's NCCL was still making the new communicator: only the parent's abort ends that,
+    # and the new one it then hands out, failed, is freed too.
+    rank_one_calls = results[1][2]
+    assert rank_one_calls.index("ncclCommAbort(C0)") < rank_one_calls.index("ncclCommAbort(C1)")
+    _end(groups, results)
+    for _, gpu in groups[:2]:
+        assert gpu.violations() == []
+
+
+def test_the_shrunk_communicator_outlives_the_old_groups_abort(monkeypatch):
+    # With NCCL_COMM_SHRINK_SHARE_RESOURCES=1 NCCL would give the new communicator its parent's
+    # abort flag, and the old group's abort (it ends broken) would stop the new group too.
+    monkeypatch.setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", "1")
+    groups = connect(fake_ranks(3))
+
+    def shrink_then_abort_the_old_group(rank, pg, gpu):
+        small, _, calls = _shrink_and_gather(rank, pg, gpu)
+        pg.abort()
+        return small, _gather_ranks(small, gpu, value=20 + rank), calls
+
+    results = _survivors(groups, shrink_then_abort_the_old_group)
+    for _, gathered, calls in results:
+        assert gathered == [20, 21]
+        assert not [c for c in calls if "sharing its parent's resources" in c], calls
+    _end(groups, results)

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <thread>
 
 namespace streamnccl {
 namespace {
@@ -22,10 +23,14 @@ std::string rankName(int rank, int size, const c10::Device& device) {
 
 // Which of `mine` (communicator keys) every survivor has live, as the survivors agree through
 // `store`: a communicator is shrunk only where all of them can take part (one broken on some
-// rank was aborted there, and NCCL's shrink would wait for it forever).
+// rank was aborted there, and NCCL's shrink would wait for it forever). A survivor that does not
+// see the others in time says so under kShrinkFailedKey, so that one arriving late fails at once
+// instead of waiting alone: every survivor then counts this shrink as done, failed.
 std::set<std::string> liveOnEverySurvivor(c10d::Store& store, int rank, int survivors,
                                           const std::set<std::string>& mine,
                                           std::chrono::milliseconds timeout) {
+  const std::string who =
+      "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(survivors) + "] shrink: ";
   const std::string joined = c10::Join(",", mine);
   store.set("streamnccl/live/" + std::to_string(rank),
             std::vector<uint8_t>(joined.begin(), joined.end()));
@@ -33,13 +38,26 @@ std::set<std::string> liveOnEverySurvivor(c10d::Store& store, int rank, int surv
   for (int peer = 0; peer < survivors; ++peer) {
     keys.push_back("streamnccl/live/" + std::to_string(peer));
   }
-  try {
-    store.wait(keys, timeout);
-  } catch (const std::exception& e) {
-    throwDistBackendError("[streamnccl rank " + std::to_string(rank) + "/" +
-                          std::to_string(survivors) + "] shrink: not every remaining rank " +
-                          "called it within " + std::to_string(timeout.count()) + " ms (" +
-                          e.what() + ")");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    if (store.check({kShrinkFailedKey})) {
+      const auto why = store.get(kShrinkFailedKey);
+      throwDistBackendError(
+          who + "another survivor gave up on it: " + std::string(why.begin(), why.end()));
+    }
+    if (store.check(keys)) {
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      const std::string why = "rank " + std::to_string(rank) + " did not see every remaining " +
+                              "rank call it within " + std::to_string(timeout.count()) + " ms";
+      store.set(kShrinkFailedKey, std::vector<uint8_t>(why.begin(), why.end()));
+      throwDistBackendError(who + "not every remaining rank called it within " +
+                            std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
   std::set<std::string> common = mine;
   for (const std::string& key : keys) {
@@ -193,7 +211,7 @@ PathFactory::Shrunk CudaPathFactory::shrink(
     path->device = std::make_shared<CudaDevice>(cuda_, device, options_->useHighPriorityStreams());
     path->communicator =
         parent->shrunk(excluded, abortInFlight, newRank, newSize,
-                       rankName(newRank, newSize, device) + "]", options_->timeout);
+                       rankName(newRank, newSize, device) + "]", options_->timeout, store);
     shrunk.paths.emplace_back(device, std::move(path));
   }
   return shrunk;

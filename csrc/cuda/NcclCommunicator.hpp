@@ -15,6 +15,9 @@
 
 namespace streamnccl {
 
+// The key of a shrink's own Store where a survivor that gives up on it says why.
+inline constexpr const char* kShrinkFailedKey = "failed";
+
 // Which ranks of the group an ncclComm_t spans, and under what name it meets them.
 struct NcclMembership {
   // Group ranks in communicator rank order; empty means the whole group in rank order.
@@ -39,14 +42,16 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override;
 
   // Whether NCCL can still shrink this communicator: connected, neither aborted nor closed.
-  bool live() const { return connection_->live(); }
+  bool live() { return connection_->live(); }
   // Starts making the communicator of this one's members but the `excluded` group ranks
   // (sorted) from it (ncclCommShrink), in which this rank is `groupRank` of `groupSize`; with
   // `abortInFlight`, this one's operations in flight end first. Only of a communicator over
   // the whole group; every survivor makes it at once, as with NCCL.
+  // `store` is the survivors' own for this shrink, where one that gives up says why.
   std::shared_ptr<NcclCommunicator> shrunk(const std::vector<int>& excluded, bool abortInFlight,
                                            int groupRank, int groupSize, std::string who,
-                                           std::chrono::milliseconds timeout) const;
+                                           std::chrono::milliseconds timeout,
+                                           c10::intrusive_ptr<c10d::Store> store) const;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 

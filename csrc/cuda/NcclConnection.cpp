@@ -11,6 +11,9 @@ namespace streamnccl {
 namespace {
 
 constexpr auto kAbortGrace = std::chrono::seconds(10);
+// While a shrink is in progress, how often (in polls, a few ms apart once settled) the Store is
+// asked whether another survivor gave up.
+constexpr int kPollsPerStoreCheck = 8;
 
 // Polling that starts fast (most waits are short) and settles at a few checks per 10 ms.
 class Backoff {
@@ -41,9 +44,21 @@ std::shared_ptr<NcclConnection> NcclConnection::shrink(Settings settings, Shrink
   return connection;
 }
 
-bool NcclConnection::live() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return state_ == State::Connected && !aborted_ && !closed_ && comm_ != nullptr;
+bool NcclConnection::live() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Connected || aborted_ || closed_ || comm_ == nullptr) {
+      return false;
+    }
+  }
+  // Broken but not yet aborted by the watchdog: it soon will be, under the shrink.
+  return asyncError().empty();
+}
+
+bool NcclConnection::waitAbortReturned() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, kAbortGrace, [&] { return abortProgress_ != AbortProgress::Running; });
+  return abortProgress_ == AbortProgress::Returned;
 }
 
 bool NcclConnection::abortedNow() const {
@@ -109,24 +124,11 @@ ncclUniqueId NcclConnection::exchangeId(std::chrono::steady_clock::time_point de
 }
 
 void NcclConnection::connect() {
+  const char* call = shrinkOf_ ? "ncclCommShrink" : "ncclCommInitRank";
   try {
     const auto deadline = std::chrono::steady_clock::now() + settings_.timeout;
     ncclComm_t comm = nullptr;
-    // Held until the new communicator is ready: NCCL builds it from the parent's state.
-    struct ParentHold {
-      NcclConnection* parent = nullptr;
-      ~ParentHold() {
-        if (parent != nullptr) {
-          parent->release();
-        }
-      }
-    } hold;
-    if (shrinkOf_) {
-      shrinkOf_->parent->acquire("ncclCommShrink");
-      hold.parent = shrinkOf_->parent.get();
-    }
-    ncclResult_t result = makeComm(&comm, deadline);
-    const char* call = shrinkOf_ ? "ncclCommShrink" : "ncclCommInitRank";
+    ncclResult_t result = shrinkOf_ ? shrinkParent(&comm, deadline) : initRank(&comm, deadline);
     if (result != ncclSuccess && result != ncclInProgress) {
       if (comm != nullptr) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -134,6 +136,7 @@ void NcclConnection::connect() {
       }
       throwNcclError(nccl(), result, call, who(), nullptr, __FILE__, __LINE__);
     }
+    TORCH_INTERNAL_ASSERT(comm != nullptr, who(), " ", call, " made no communicator");
     bool abortedMeanwhile = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -160,36 +163,129 @@ void NcclConnection::connect() {
     endUse();
     settle(State::Connected, nullptr);
   } catch (...) {
+    if (shrinkOf_) {
+      tellSurvivorsShrinkFailed(std::current_exception());
+    }
     settle(State::Failed, std::current_exception());
   }
 }
 
-ncclResult_t NcclConnection::makeComm(ncclComm_t* comm,
-                                      std::chrono::steady_clock::time_point deadline) {
-  std::optional<ncclUniqueId> id;
-  if (!shrinkOf_) {
-    id = exchangeId(deadline);
+void NcclConnection::tellSurvivorsShrinkFailed(const std::exception_ptr& failure) {
+  std::string why = "it failed";
+  try {
+    std::rethrow_exception(failure);
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    why = e.what();
   }
+  if (why.find("another survivor gave up") != std::string::npos) {
+    return;  // the first to give up has said why
+  }
+  try {
+    settings_.store->set(shrinkOf_->failedKey, std::vector<uint8_t>(why.begin(), why.end()));
+  } catch (const std::exception& e) {
+    LOG(WARNING) << who()
+                 << " could not tell the other survivors that the shrink failed: " << e.what();
+  }
+}
+
+ncclResult_t NcclConnection::initRank(ncclComm_t* comm,
+                                      std::chrono::steady_clock::time_point deadline) {
+  const ncclUniqueId id = exchangeId(deadline);
   auto onDevice = settings_.cuda->useDevice(settings_.device);  // the communicator's device
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  if (!id) {
-    std::vector<int> excluded = shrinkOf_->excluded;
-    ncclComm_t parentComm = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(shrinkOf_->parent->mutex_);
-      parentComm = shrinkOf_->parent->comm_;  // held by connect()'s use of it
-    }
-    return nccl().commShrink(parentComm, excluded.data(), static_cast<int>(excluded.size()), comm,
-                             &config,
-                             shrinkOf_->abortInFlight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-  }
-  return nccl().commInitRankConfig(comm, settings_.size, *id, settings_.rank, &config);
+  return nccl().commInitRankConfig(comm, settings_.size, id, settings_.rank, &config);
 }
 
-ncclResult_t NcclConnection::pollUntilSettled(
-    ncclComm_t comm, const char* call, std::chrono::steady_clock::time_point deadline) const {
+ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
+                                          std::chrono::steady_clock::time_point deadline) {
+  NcclConnection& parent = *shrinkOf_->parent;
+  parent.acquire("ncclCommShrink");  // NCCL builds the new one from the parent's state
+  ncclComm_t parentComm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(parent.mutex_);
+    parentComm = parent.comm_;
+    ++parent.shrinking_;
+  }
+  auto letGo = [&parent] {
+    {
+      std::lock_guard<std::mutex> lock(parent.mutex_);
+      --parent.shrinking_;
+    }
+    parent.release();
+  };
+  // NCCL writes the new communicator here from a thread of its own, once that thread is done,
+  // which may be after this call has given up: so it is not on this stack, and it is freed
+  // only once NCCL's thread has ended.
+  auto* into = new ncclComm_t(nullptr);
+  ncclResult_t result = ncclInternalError;
+  try {
+    {
+      auto onDevice = settings_.cuda->useDevice(settings_.device);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+      // Its own abort flag, whatever NCCL_COMM_SHRINK_SHARE_RESOURCES says: the old group
+      // aborts the parent when it ends broken, which must not stop the new one.
+      config.shrinkShare = 0;
+#endif
+      std::vector<int> excluded = shrinkOf_->excluded;  // NCCL sorts it in place
+      result = nccl().commShrink(
+          parentComm, excluded.data(), static_cast<int>(excluded.size()), into, &config,
+          shrinkOf_->abortInFlight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    }
+    if (result == ncclSuccess || result == ncclInProgress) {
+      // Done when the parent's state leaves ncclInProgress: NCCL's thread has then written
+      // the new communicator (failed or not) to `into`.
+      result = pollUntilSettled(parentComm, "ncclCommShrink", deadline,
+                                /*ofShrinkingParent=*/true);
+    }
+  } catch (...) {
+    letGo();
+    endShrinkInProgress(into);
+    throw;
+  }
+  *comm = __atomic_load_n(into, __ATOMIC_ACQUIRE);
+  delete into;
+  letGo();
+  return result;
+}
+
+void NcclConnection::endShrinkInProgress(ncclComm_t* into) {
+  NcclConnection& parent = *shrinkOf_->parent;
+  LOG(WARNING) << who() << " aborting the communicator it was shrinking (" << parent.who()
+               << "]): only that ends NCCL's making of the new one";
+  parent.abort();  // ncclCommAbort joins the thread making the new one
+  if (!parent.waitAbortReturned()) {
+    LOG(WARNING) << who() << " left to NCCL: its shrink may still write the new communicator";
+    return;  // `into` stays allocated, for NCCL's thread to write to
+  }
+  ncclComm_t child = __atomic_load_n(into, __ATOMIC_ACQUIRE);
+  delete into;
+  if (child != nullptr) {  // made, but failed: freed as NCCL asks of a failed init
+    auto onDevice = settings_.cuda->useDevice(settings_.device);
+    if (const ncclResult_t result = nccl().commAbort(child); result != ncclSuccess) {
+      LOG(WARNING) << who() << " ncclCommAbort failed: " << nccl().getErrorString(result);
+    }
+  }
+}
+
+std::string NcclConnection::shrinkGivenUp() const {
+  auto& store = *settings_.store;
+  if (!store.check({shrinkOf_->failedKey})) {
+    return {};
+  }
+  const std::vector<uint8_t> why = store.get(shrinkOf_->failedKey);
+  return std::string(why.begin(), why.end());
+}
+
+ncclResult_t NcclConnection::pollUntilSettled(ncclComm_t comm, const char* call,
+                                              std::chrono::steady_clock::time_point deadline,
+                                              bool ofShrinkingParent) const {
   Backoff backoff;
+  int polls = 0;
   while (true) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t result = nccl().commGetAsyncError(comm, &state);
@@ -200,8 +296,13 @@ ncclResult_t NcclConnection::pollUntilSettled(
       return state;
     }
     // A shrink's parent being aborted ends it too: it waits for this use of it.
-    if (abortedNow() || (shrinkOf_ && shrinkOf_->parent->abortedNow())) {
+    if (abortedNow() || (ofShrinkingParent && shrinkOf_->parent->abortedNow())) {
       raise(std::string("aborted while ") + call + " was in progress");
+    }
+    if (ofShrinkingParent && ++polls % kPollsPerStoreCheck == 0) {
+      if (std::string why = shrinkGivenUp(); !why.empty()) {
+        raise(std::string(call) + " ended: another survivor gave up on it: " + why);
+      }
     }
     if (std::chrono::steady_clock::now() > deadline) {
       raise(std::string(call) + " did not finish within " +
@@ -331,6 +432,7 @@ void NcclConnection::abort() {
   }
   changed_.notify_all();
   if (comm == nullptr) {
+    noteAbort(AbortProgress::Returned);
     return;
   }
   auto abortComm = [nccl = settings_.nccl, cuda = settings_.cuda, device = settings_.device,
@@ -353,9 +455,19 @@ void NcclConnection::abort() {
     LOG(WARNING) << who() << " aborted on a thread of its own: work on it was captured into a "
                  << "CUDA graph, and NCCL frees it only once every such graph is destroyed";
     std::thread(std::move(abortComm)).detach();
+    noteAbort(AbortProgress::LeftRunning);
     return;
   }
   abortComm();
+  noteAbort(AbortProgress::Returned);
+}
+
+void NcclConnection::noteAbort(AbortProgress progress) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abortProgress_ = progress;
+  }
+  changed_.notify_all();
 }
 
 void NcclConnection::beginClose() {
@@ -492,7 +604,8 @@ std::string NcclConnection::asyncError() {
   ncclComm_t comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (state_ != State::Connected || aborted_ || closed_) {
+    // While it is shrunk, its state is the shrink's to poll: the shrink reports its errors.
+    if (state_ != State::Connected || aborted_ || closed_ || shrinking_ > 0) {
       return {};
     }
     ++uses_;

@@ -59,16 +59,22 @@ class NcclConnection {
     std::shared_ptr<NcclConnection> parent;
     std::vector<int> excluded;   // the parent's communicator ranks left out, sorted
     bool abortInFlight = false;  // NCCL_SHRINK_ABORT: the parent's operations end first
+    // A key of `settings.store`, this shrink's alone: a survivor that gives up writes why
+    // there, and the others, which would otherwise wait for it until their timeout, end too.
+    std::string failedKey;
   };
 
   // Starts connecting, on a thread that keeps the connection alive until it has settled.
   static std::shared_ptr<NcclConnection> open(Settings settings);
   // Starts making the communicator from `origin.parent`'s (ncclCommShrink), on a thread as
   // open() does; every other survivor of the parent does the same. `settings.idKey` only names
-  // it (as key()). The parent stays held until the new one is ready or has failed.
+  // it. NCCL makes it on a thread of its own, tied to the parent: the parent stays held, and
+  // its state polled, until that is done; one that does not end in time (or whose parent is
+  // aborted meanwhile) ends with the parent's abort, the only way to stop NCCL's thread.
   static std::shared_ptr<NcclConnection> shrink(Settings settings, ShrinkOf origin);
-  // Connected, and neither aborted nor closed: a communicator NCCL can still shrink.
-  bool live() const;
+  // Connected, neither aborted nor closed, and with no asynchronous error: a communicator
+  // NCCL can still shrink.
+  bool live();
   // Closes the communicator (see close()) unless it was closed or aborted already.
   ~NcclConnection();
   NcclConnection(const NcclConnection&) = delete;
@@ -133,14 +139,31 @@ class NcclConnection {
   NcclConnection(Settings settings, std::optional<ShrinkOf> shrinkOf)
       : settings_(std::move(settings)), shrinkOf_(std::move(shrinkOf)) {}
   void connect();
-  // connect()'s first step: a non-blocking communicator, from a unique id or from the parent
-  // (shrinkOf_); returns NCCL's result (ncclInProgress until it is ready).
-  ncclResult_t makeComm(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
+  // connect()'s first step for a new communicator: a non-blocking one from a unique id;
+  // returns NCCL's result (ncclInProgress until it is ready).
+  ncclResult_t initRank(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
+  // connect()'s first step for a shrunk one (shrinkOf_): returns once NCCL has made it, or
+  // failed to, with its result; raises, having ended NCCL's making of it, on a timeout, an
+  // abort, or another survivor giving up.
+  ncclResult_t shrinkParent(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
+  // Ends a shrink still in progress by aborting the parent, and frees what NCCL made of it.
+  void endShrinkInProgress(ncclComm_t* into);
+  // The reason another survivor gave up this shrink; empty when none has.
+  std::string shrinkGivenUp() const;
   bool abortedNow() const;
+  // Blocks (up to a grace period) until an abort() under way has freed the communicator;
+  // false when that could not be seen (it is freed on a thread of its own, or slowly). Only
+  // once aborted.
+  bool waitAbortReturned();
   ncclUniqueId exchangeId(std::chrono::steady_clock::time_point deadline);
   // Polls ncclCommGetAsyncError until it is no longer ncclInProgress; returns the result.
+  // While shrinking the parent's communicator, the parent's abort and another survivor's
+  // giving up end it too.
   ncclResult_t pollUntilSettled(ncclComm_t comm, const char* call,
-                                std::chrono::steady_clock::time_point deadline) const;
+                                std::chrono::steady_clock::time_point deadline,
+                                bool ofShrinkingParent = false) const;
+  // Writes why this shrink failed where the other survivors look (ShrinkOf::failedKey).
+  void tellSurvivorsShrinkFailed(const std::exception_ptr& failure);
   [[noreturn]] void raise(const std::string& reason) const;
   void endUse();
   void settle(State state, std::exception_ptr failure);
@@ -160,6 +183,14 @@ class NcclConnection {
   ncclResult_t finalized_ = ncclSuccess;
   ncclComm_t comm_ = nullptr;  // null again once destroyed
   int uses_ = 0;
+  // Shrinks of this communicator in progress: its state is then theirs to poll (NCCL's poll
+  // of it ends the shrink's thread, which two threads must not do at once).
+  int shrinking_ = 0;
+  // Where abort()'s ncclCommAbort is: still Running (from the moment aborted_ is set), or
+  // Returned, or LeftRunning on a thread of its own (work on it was captured).
+  enum class AbortProgress { Running, Returned, LeftRunning };
+  AbortProgress abortProgress_ = AbortProgress::Running;
+  void noteAbort(AbortProgress progress);
   std::vector<std::function<void()>> whenSettled_;
   std::thread connector_;
 };

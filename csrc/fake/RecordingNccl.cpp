@@ -7,6 +7,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <sstream>
 
@@ -64,6 +65,18 @@ std::string typeName(ncclDataType_t type) {
     default:
       return "ncclDataType(" + std::to_string(static_cast<int>(type)) + ")";
   }
+}
+
+// Whether a shrink shares its parent's resources, its abort flag among them: the config's
+// shrinkShare, else NCCL_COMM_SHRINK_SHARE_RESOURCES (NCCL's default: no).
+bool sharesResources(const ncclConfig_t* config) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (config != nullptr && config->shrinkShare != NCCL_CONFIG_UNDEF_INT) {
+    return config->shrinkShare != 0;
+  }
+#endif
+  const char* env = std::getenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
+  return env != nullptr && std::atoi(env) != 0;
 }
 
 size_t sizeOf(ncclDataType_t type) {
@@ -198,16 +211,22 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t number = commsMade_++;
   *comm = handle<ncclComm_t>(number);
-  Comm& made = comms_[number];
-  made.name = commName(*comm);
-  made.device = device;
-  made.nranks = nranks;
-  made.rank = rank;
-  made.key = key;
-  made.blocking = blocking;
-  made.initPending = !blocking;
-  gpu_->log().add(call + " -> " + made.name);
+  Comm& comm_made = made(number, device, nranks, rank, key, blocking);
+  comm_made.initPending = !blocking;
+  gpu_->log().add(call + " -> " + comm_made.name);
   return blocking ? ncclSuccess : ncclInProgress;
+}
+
+RecordingNccl::Comm& RecordingNccl::made(int64_t number, int device, int nranks, int rank,
+                                         uint64_t key, bool blocking) {
+  Comm& comm = comms_[number];
+  comm.name = commName(handle<ncclComm_t>(number));
+  comm.device = device;
+  comm.nranks = nranks;
+  comm.rank = rank;
+  comm.key = key;
+  comm.blocking = blocking;
+  return comm;
 }
 
 ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanksList,
@@ -257,6 +276,7 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
   const int nranks = modelled ? parent->nranks - static_cast<int>(excluded.size()) : parent->nranks;
   const int device = parent->device;
   const bool blocking = config == nullptr || config->blocking != 0;
+  const bool shares = !abortFirst && sharesResources(config);
   world_->join(key, rank, nranks, gpu_.get());
   if (blocking && modelled) {
     lock.unlock();
@@ -266,19 +286,39 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
     }
     lock.lock();
   }
-  const int64_t number = commsMade_++;
+  const int64_t number = commsMade_++;  // named now, for the log
+  gpu_->log().add(call + " -> " + commName(handle<ncclComm_t>(number)) + " (rank " +
+                  std::to_string(rank) + " of " + std::to_string(nranks) + ")" +
+                  (shares ? ", sharing its parent's resources" : ""));
+  if (!blocking && modelled) {
+    // NCCL's own thread makes it, tied to the parent, and writes it only once done.
+    *newcomm = nullptr;
+    parent->shrinking =
+        Comm::Shrinking{newcomm, number, fake::number(handleValue), key, rank, nranks, shares};
+    return ncclInProgress;
+  }
   *newcomm = handle<ncclComm_t>(number);
-  Comm& made = comms_[number];
-  made.name = commName(*newcomm);
-  made.device = device;
-  made.nranks = nranks;
-  made.rank = rank;
-  made.key = key;
-  made.blocking = blocking;
-  made.initPending = !blocking && modelled;
-  gpu_->log().add(call + " -> " + made.name + " (rank " + std::to_string(rank) + " of " +
-                  std::to_string(nranks) + ")");
-  return blocking || !modelled ? ncclSuccess : ncclInProgress;
+  Comm& child = made(number, device, nranks, rank, key, blocking);
+  if (shares) {
+    child.abortFlagOf = fake::number(handleValue);
+  }
+  return ncclSuccess;
+}
+
+void RecordingNccl::finishShrink(Comm& parent, ncclResult_t failure) {
+  const Comm::Shrinking shrinking = *std::exchange(parent.shrinking, std::nullopt);
+  Comm& child = made(shrinking.number, parent.device, shrinking.nranks, shrinking.rank,
+                     shrinking.key, /*blocking=*/false);
+  child.asyncFailure = failure;
+  if (shrinking.sharesAbortFlag) {
+    child.abortFlagOf = shrinking.parent;
+  }
+  if (failure != ncclSuccess) {
+    gpu_->log().add("ncclCommShrink of " + parent.name + " ended by its abort: " + child.name +
+                    " failed");
+  }
+  // NCCL's thread writes it with a release store when it is done.
+  __atomic_store_n(shrinking.into, handle<ncclComm_t>(shrinking.number), __ATOMIC_RELEASE);
 }
 
 RecordingNccl::Comm* RecordingNccl::usable(ncclComm_t handleValue, const std::string& call) {
@@ -294,6 +334,12 @@ RecordingNccl::Comm* RecordingNccl::usable(ncclComm_t handleValue, const std::st
                           " freed it (a use after free)");
     return nullptr;
   }
+  if (comm.asyncFailure != ncclSuccess) {
+    // As NCCL, which checks the communicator's asynchronous state first: not a misuse, the
+    // caller learns of the failure from this.
+    gpu_->log().add(call + " failed: " + comm.name + " has an asynchronous error");
+    return nullptr;
+  }
   if (!ready(comm)) {
     gpu_->log().violation(call + " on " + comm.name +
                           " before its previous operation returned ncclSuccess (NCCL fails it "
@@ -307,7 +353,8 @@ bool RecordingNccl::ready(Comm& comm) {
   if (comm.initPending && world_->complete(comm.key)) {
     comm.initPending = false;
   }
-  return !comm.initPending && comm.pending.empty();
+  // A shrink in progress holds the parent as an operation does.
+  return !comm.initPending && comm.pending.empty() && !comm.shrinking;
 }
 
 ncclResult_t RecordingNccl::commFinalize(ncclComm_t handleValue) {
@@ -379,6 +426,22 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
   }
   comm.pending.clear();
   gpu_->stopLaunches(comm.key, comm.rank);
+  if (comm.shrinking && gpu_->models().shrink) {
+    // NCCL joins the thread making a shrunk communicator, which quits on the abort flag and
+    // hands out the new communicator, failed.
+    finishShrink(comm, ncclInternalError);
+  }
+  const int64_t aborted = number(handleValue);
+  for (auto& [childNumber, child] : comms_) {
+    if (child.abortFlagOf == aborted && !child.aborted && !child.destroyed &&
+        gpu_->models().shrink) {
+      // It shares this one's abort flag: its kernels quit too, and it is unusable.
+      gpu_->log().add("ncclCommAbort(" + comm.name + ") stops " + child.name +
+                      ", which shares its abort flag");
+      gpu_->stopLaunches(child.key, child.rank);
+      child.asyncFailure = ncclInternalError;
+    }
+  }
   const uint64_t key = comm.key;
   const int rank = comm.rank;
   lock.unlock();
@@ -412,8 +475,18 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
     *asyncError = ncclRemoteError;
     return ncclSuccess;
   }
+  if (comm.asyncFailure != ncclSuccess) {
+    std::lock_guard<std::mutex> errorLock(errorMutex_);
+    lastError_ =
+        comm.name + " was aborted (its shrink's parent was, or one sharing its abort flag)";
+    *asyncError = comm.asyncFailure;
+    return ncclSuccess;
+  }
   if (comm.initPending && world_->complete(comm.key)) {
     comm.initPending = false;
+  }
+  if (comm.shrinking && world_->complete(comm.shrinking->key)) {
+    finishShrink(comm, ncclSuccess);
   }
   if (!comm.pending.empty()) {
     if (comm.busyPolls > 0) {
@@ -435,7 +508,7 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
     flushing = gpu_->hasLaunches(comm.key, comm.rank) || !world_->allFinalizing(comm.key) ||
                world_->graphsHolding(comm.key, comm.rank) > 0;
   }
-  if (comm.initPending || !comm.pending.empty() || flushing) {
+  if (comm.initPending || !comm.pending.empty() || flushing || comm.shrinking) {
     *asyncError = ncclInProgress;
   }
   return ncclSuccess;

@@ -42,6 +42,11 @@ class RecordingNccl final : public NcclApi {
   // The survivors of `comm` meet in a communicator of their own, numbered anew in order; it
   // is ready once all of them have shrunk (the excluded never do). NCCL_SHRINK_ABORT first
   // stops this member's kernels of `comm`, as ncclCommAbort does, but leaves it to be freed.
+  // As NCCL, a non-blocking shrink makes the new communicator on a thread tied to `comm`:
+  // `*newcomm` stays null and `comm` reports ncclInProgress until it is made (or `comm` is
+  // aborted, which hands out a new one that failed); only then is `*newcomm` written. With
+  // shrinkShare (the config's, else NCCL_COMM_SHRINK_SHARE_RESOURCES) the new one shares
+  // `comm`'s abort flag: aborting `comm` stops it too.
   // An NCCL older than 2.27 (FakeGpu::setNcclVersion) has no ncclCommShrink.
   ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                           ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) override;
@@ -100,6 +105,21 @@ class RecordingNccl final : public NcclApi {
     bool aborted = false;
     bool destroyed = false;
     int shrinks = 0;  // made from it so far: the n-th of each survivor meet
+    // A non-blocking shrink of it that NCCL is still making: where the new one goes, and what
+    // it will be.
+    struct Shrinking {
+      ncclComm_t* into = nullptr;
+      int64_t number = 0;
+      int64_t parent = 0;  // the shrunk one's number
+      uint64_t key = 0;
+      int rank = 0;
+      int nranks = 0;
+      bool sharesAbortFlag = false;
+    };
+    std::optional<Shrinking> shrinking;
+    int64_t abortFlagOf = -1;                 // the communicator whose abort flag it shares
+    ncclResult_t asyncFailure = ncclSuccess;  // made by a shrink its parent's abort ended,
+                                              // or stopped through a shared abort flag
     bool finalizing = false;
     // PreMulSum ops made on it: a host factor read at creation, or a device factor read by
     // the kernel when it runs.
@@ -118,6 +138,11 @@ class RecordingNccl final : public NcclApi {
   // The communicator for a call, or null after logging why the call must fail.
   Comm* usable(ncclComm_t comm, const std::string& call);
   bool ready(Comm& comm);
+  // Makes communicator `number` (its handle reserved already) as a member of world `key`.
+  Comm& made(int64_t number, int device, int nranks, int rank, uint64_t key, bool blocking);
+  // The new communicator of `parent`'s shrink in progress, written where the caller asked:
+  // failed with `failure` unless that is ncclSuccess.
+  void finishShrink(Comm& parent, ncclResult_t failure);
   // Logs `line`, checks and issues `op` on `comm` and `stream`, its buffers `buffers`.
   ncclResult_t issue(const char* function, const std::string& line, ncclComm_t comm,
                      cudaStream_t stream, std::vector<Buffer> buffers, NcclOp op);
