@@ -174,6 +174,9 @@ void bindRecording(py::module_& m) {
   py::class_<FakeGpu, std::shared_ptr<FakeGpu>>(m, "_FakeGpu")
       .def("calls", [](FakeGpu& gpu) { return gpu.log().calls(); })
       .def("clear", [](FakeGpu& gpu) { gpu.log().clear(); })
+      .def(
+          "record_calls", [](FakeGpu& gpu, bool on) { gpu.log().setRecording(on); }, py::arg("on"),
+          "Off: calls and buffers go unrecorded (violations still are).")
       .def("violations", [](FakeGpu& gpu) { return gpu.log().takeViolations(); })
       .def("buffers",
            [](FakeGpu& gpu) {

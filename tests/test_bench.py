@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from streamnccl import _C
 from streamnccl.bench import cli, report
 from streamnccl.bench.check import count_wrong
 from streamnccl.bench.cli import UsageError, parse_args, parse_size, settle, sweep_sizes
@@ -392,3 +393,22 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
         groups = measures["subgroups"]
         assert groups["make_ms"] > 0 and groups["threads_per_group"] >= 1
         assert f"{backend} subgroups: make_ms" in done.stdout
+
+
+@pytest.mark.skipif(
+    not hasattr(_C, "_recording_process_group"),
+    reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
+)
+def test_launch_mode_reports_the_floor_and_streamnccl_above_it(tmp_path):
+    report_file = tmp_path / "launch.json"
+    done = run_bench("--ops", "300", "--rounds", "2", "--json", str(report_file), nproc=None,
+                     timeout_s=120, cwd=tmp_path, module="streamnccl.bench.launch")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(report_file.read_text())["rows"]
+    assert [row["mode"] for row in rows] == ["sync", "async"]
+    for row in rows:
+        assert row["torch_fake_us"] > 0 and row["streamnccl_us"] > 0
+        assert row["above_floor_us"] == pytest.approx(row["streamnccl_us"] - row["torch_fake_us"])
+        parts = row["flight_recorder_us"] + row["rest_us"]
+        assert parts == pytest.approx(row["above_floor_us"])
+    assert len(table_rows(done.stdout)) == 2, done.stdout

@@ -86,6 +86,23 @@ def test_sync_op_is_one_call_on_the_callers_stream():
     assert calls == [*INIT, "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S0)", *SYNC_END]
 
 
+def test_with_call_recording_off_nothing_is_written_down_and_the_op_still_runs():
+    # The launch benchmark's switch (python -m streamnccl.bench.launch): ops run and move their
+    # data as before; only the log stays empty, so that it does not grow with every op.
+    pg, log = recorded_group()
+    x = torch.ones(4)
+    pg.allreduce([x], options(AllreduceOptions, False)).wait()
+    log.record_calls(False)
+    log.clear()
+    pg.allreduce([x], options(AllreduceOptions)).wait()
+    assert log.synchronize()
+    assert x.tolist() == [9.0] * 4  # twice summed over 3 mirrored ranks
+    assert log.calls() == [] and log.buffers() == []
+    log.record_calls(True)
+    calls = run(pg, log, lambda pg: pg.allreduce([x], options(AllreduceOptions)))
+    assert "ncclAllReduce(count=4, ncclFloat32, ncclSum, C0, S1)" in calls
+
+
 def test_events_are_pooled_and_the_internal_stream_made_once():
     pg, log = recorded_group()
     x = torch.ones(4)

@@ -6,6 +6,9 @@
 namespace streamnccl::fake {
 
 void CallLog::add(std::string call) {
+  if (!recording_.load(std::memory_order_relaxed)) {
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   calls_.push_back(std::move(call));
 }
@@ -22,6 +25,9 @@ void CallLog::clear() {
 }
 
 void CallLog::addBuffers(BufferRecord record) {
+  if (!recording_.load(std::memory_order_relaxed)) {
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   buffers_.push_back(std::move(record));
 }
