@@ -71,9 +71,11 @@ c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d:
                                                   int rank, int size,
                                                   std::chrono::milliseconds timeout,
                                                   const Options& explicitOptions,
-                                                  c10::intrusive_ptr<c10d::Backend> gloo) {
+                                                  c10::intrusive_ptr<c10d::Backend> gloo,
+                                                  const std::string& groupName) {
   auto options = Options::fromEnv(explicitOptions);
   options->timeout = timeout;
+  options->group_name = groupName;  // NCCL's name for the group's communicators
   ProcessGroup::PathFactories factories;
   factories.emplace(c10::kCPU, std::make_unique<HostPathFactory>(std::move(gloo)));
 #ifdef STREAMNCCL_WITH_NCCL
@@ -243,7 +245,8 @@ void bindRecording(py::module_& m) {
          bool highPriorityStreams, bool blockingWait, std::shared_ptr<fake::FakeNcclWorld> world,
          int deviceIndex, int computeCapability, bool enableTiming, int traceBufferSize,
          bool debugChecks, std::optional<std::string> dumpDir, bool singleHardwareQueue,
-         bool checkInflightWrites, const std::map<std::string, bool>& models) {
+         bool checkInflightWrites, const std::map<std::string, bool>& models,
+         std::optional<Options::NcclConfig> config, const std::string& groupName) {
         if (!world) {
           world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true, modelsFrom(models));
         }
@@ -258,6 +261,10 @@ void bindRecording(py::module_& m) {
         options->dumpDir = std::move(dumpDir);
         options->singleHardwareQueue = singleHardwareQueue;
         options->checkInflightWrites = checkInflightWrites;
+        if (config) {
+          options->ncclConfig = *config;
+        }
+        options->group_name = groupName;
         ProcessGroup::PathFactories factories;
         factories.emplace(c10::kCPU, std::make_unique<CudaPathFactory>(
                                          std::make_shared<fake::RecordingNccl>(gpu, world),
@@ -273,7 +280,8 @@ void bindRecording(py::module_& m) {
       py::arg("enable_timing") = false, py::arg("trace_buffer_size") = 0,
       py::arg("debug_checks") = false, py::arg("dump_dir") = py::none(),
       py::arg("single_hardware_queue") = false, py::arg("check_inflight_writes") = false,
-      py::arg("models") = std::map<std::string, bool>{});
+      py::arg("models") = std::map<std::string, bool>{}, py::arg("config") = py::none(),
+      py::arg("group_name") = "");
 }
 #endif
 
@@ -287,13 +295,38 @@ PYBIND11_MODULE(_C, m) {
 
   m.doc() = "streamnccl: a torch.distributed backend with explicit stream semantics";
 
+  py::class_<Options::NcclConfig>(m, "NcclConfig",
+                                  "How NCCL makes a group's communicators (ncclConfig_t), as "
+                                  "ProcessGroupNCCL.Options().config; unset fields are NCCL's "
+                                  "defaults (or its NCCL_* variables)")
+      .def(py::init([](std::optional<bool> blocking, std::optional<int> cgaClusterSize,
+                       std::optional<int> minCtas, std::optional<int> maxCtas,
+                       std::optional<std::string> netName, std::optional<bool> splitShare) {
+             return Options::NcclConfig{blocking, cgaClusterSize, minCtas,
+                                        maxCtas,  netName,        splitShare};
+           }),
+           py::kw_only(), py::arg("blocking") = py::none(),
+           py::arg("cga_cluster_size") = py::none(), py::arg("min_ctas") = py::none(),
+           py::arg("max_ctas") = py::none(), py::arg("net_name") = py::none(),
+           py::arg("split_share") = py::none())
+      .def_readwrite("blocking", &Options::NcclConfig::blocking)
+      .def_readwrite("cga_cluster_size", &Options::NcclConfig::cgaClusterSize)
+      .def_readwrite("min_ctas", &Options::NcclConfig::minCtas)
+      .def_readwrite("max_ctas", &Options::NcclConfig::maxCtas)
+      .def_readwrite("net_name", &Options::NcclConfig::netName)
+      .def_readwrite("split_share", &Options::NcclConfig::splitShare);
+
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
       .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
                        std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
                        std::optional<bool> debugChecks, std::optional<bool> enableTiming,
                        std::optional<bool> singleHardwareQueue,
-                       std::optional<bool> checkInflightWrites) {
+                       std::optional<bool> checkInflightWrites,
+                       std::optional<Options::NcclConfig> config) {
              auto options = c10::make_intrusive<Options>();
+             if (config) {
+               options->ncclConfig = *config;
+             }
              options->checkInflightWrites = checkInflightWrites;
              options->singleHardwareQueue = singleHardwareQueue;
              options->enableTiming = enableTiming;
@@ -308,7 +341,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
            py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none(),
            py::arg("enable_timing") = py::none(), py::arg("single_hardware_queue") = py::none(),
-           py::arg("check_inflight_writes") = py::none())
+           py::arg("check_inflight_writes") = py::none(), py::arg("config") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
       .def_readwrite("dump_dir", &Options::dumpDir)
@@ -317,13 +350,15 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("enable_timing", &Options::enableTiming)
       .def_readwrite("single_hardware_queue", &Options::singleHardwareQueue)
       .def_readwrite("check_inflight_writes", &Options::checkInflightWrites)
+      .def_readwrite("config", &Options::ncclConfig,
+                     "NCCL's configuration of the group's communicators (a NcclConfig)")
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
 
   py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>(m, "ProcessGroup")
       .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout"), py::arg("options"), py::arg("gloo"))
+           py::arg("timeout"), py::arg("options"), py::arg("gloo"), py::arg("group_name") = "")
       .def_property_readonly("streamnccl_options", &ProcessGroup::options)
       .def("_set_global_ranks", &ProcessGroup::setGlobalRanks, py::arg("global_ranks"),
            "The global rank of each member, which the flight recorder's dump names.")

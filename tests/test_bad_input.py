@@ -4,6 +4,7 @@ expected, and the group stays usable: a valid op right after gives the right val
 import re
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -500,3 +501,14 @@ def _wrong_pg_options_type(ctx):
 
 def test_wrong_pg_options_type(rank_pools):
     rank_pools(2).run(_wrong_pg_options_type)
+
+
+def _bad_nccl_config_at_new_group(ctx):
+    options = streamnccl.Options(config=streamnccl.NcclConfig(min_ctas=0))
+    with pytest.raises(ValueError, match="min_ctas is 0; NCCL takes 1 to 64"):
+        dist.new_group(backend="streamnccl", pg_options=options)
+    assert_group_usable(ctx)
+
+
+def test_an_nccl_config_nccl_would_refuse_fails_at_group_creation(rank_pools):
+    rank_pools(2).run(_bad_nccl_config_at_new_group)

@@ -101,6 +101,35 @@ def test_options_reject_bad_fault_handling_settings(monkeypatch):
         streamnccl.Options().resolved()
 
 
+@pytest.mark.parametrize(
+    "config, refusal",
+    [
+        ({"blocking": True}, "always non-blocking"),
+        ({"cga_cluster_size": -1}, r"cga_cluster_size is -1; NCCL takes 0 to 8"),
+        ({"cga_cluster_size": 9}, r"cga_cluster_size is 9; NCCL takes 0 to 8"),
+        ({"min_ctas": 0}, r"min_ctas is 0; NCCL takes 1 to 64"),
+        ({"max_ctas": 65}, r"max_ctas is 65; NCCL takes 1 to 64"),
+        ({"min_ctas": 8, "max_ctas": 4}, r"min_ctas \(8\) is more than config.max_ctas \(4\)"),
+        ({"net_name": ""}, "net_name is empty"),
+    ],
+)
+def test_options_refuse_an_nccl_config_nccl_would_refuse(config, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        streamnccl.Options(config=streamnccl.NcclConfig(**config)).resolved()
+
+
+def test_options_carry_the_nccl_config_and_torchs_nonblocking_variable(monkeypatch):
+    config = streamnccl.NcclConfig(cga_cluster_size=2, min_ctas=4, max_ctas=8, net_name="Socket")
+    resolved = streamnccl.Options(config=config).resolved().config
+    assert (resolved.cga_cluster_size, resolved.min_ctas, resolved.max_ctas) == (2, 4, 8)
+    assert (resolved.net_name, resolved.split_share, resolved.blocking) == ("Socket", None, None)
+    monkeypatch.setenv("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")
+    assert streamnccl.Options().resolved().config.blocking is False
+    monkeypatch.setenv("TORCH_NCCL_USE_COMM_NONBLOCKING", "0")
+    with pytest.raises(ValueError, match="TORCH_NCCL_USE_COMM_NONBLOCKING=0"):
+        streamnccl.Options().resolved()
+
+
 def test_gpu_check_says_there_is_no_gpu_and_passes(tmp_path):
     """scripts/gpu-check.sh, the one command for a GPU machine, exits 0 at once without one."""
     root = Path(__file__).resolve().parent.parent

@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 from streamnccl import _C
@@ -668,3 +669,41 @@ def test_the_watchdog_times_out_a_stuck_sync_op_too():
     assert "ncclCommAbort(C0)" in log.calls()
     with pytest.raises(dist.DistBackendError, match=r"allreduce #1 \(\[4\], Float\): timed out"):
         pg.allreduce([torch.ones(4)], options(AllreduceOptions, False))
+
+
+def test_the_groups_nccl_config_and_name_reach_every_communicator_it_makes():
+    # Every communicator is made with the group's settings and named after the group, so that
+    # NCCL_DEBUG=INFO lines say which group; lanes say which pair and direction.
+    config = streamnccl.NcclConfig(
+        cga_cluster_size=2, min_ctas=4, max_ctas=8, net_name="Socket", split_share=True
+    )
+    pg, log = _C._recording_process_group(
+        dist.HashStore(), 0, SIZE, timedelta(seconds=10), config=config, group_name="trainer"
+    )
+    settings = "cgaClusterSize=2, minCTAs=4, maxCTAs=8, netName=Socket, splitShare=1"
+    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(4)], options(AllreduceOptions)))
+    assert calls[1] == (
+        f"ncclCommInitRank(nranks=3, rank=0, nonblocking, config{{{settings}, commName=trainer}})"
+        " -> C0"
+    )
+    run(pg, log, lambda pg: pg.send([torch.ones(3)], 1, 0))
+    inits = sorted(c.rsplit(" -> ", 1)[0] for c in after_both_lanes_connect(log) if "Init" in c)
+    assert inits == [
+        f"ncclCommInitRank(nranks=2, rank=0, nonblocking, config{{{settings}, "
+        "commName=trainer lane 0->1})",
+        f"ncclCommInitRank(nranks=2, rank=1, nonblocking, config{{{settings}, "
+        "commName=trainer lane 1->0})",
+    ]
+    pg.shutdown()
+
+
+def test_a_config_nccl_refuses_fails_the_init_with_nccls_reason():
+    # Options refuse these at init_process_group; the fake refuses them as NCCL would, should
+    # one get through (here the recording group takes the config unchecked).
+    pg, log = _C._recording_process_group(
+        dist.HashStore(), 0, SIZE, timedelta(seconds=10),
+        config=streamnccl.NcclConfig(min_ctas=8, max_ctas=4),
+    )  # fmt: skip
+    with pytest.raises(dist.DistBackendError, match="invalid argument"):
+        pg.allreduce([torch.ones(4)], options(AllreduceOptions)).wait()
+    assert any("NCCL refuses the config (minCTAs/maxCTAs 8/4)" in c for c in log.calls())

@@ -9,6 +9,10 @@
 namespace streamnccl {
 namespace {
 
+// NCCL's limits on ncclConfig_t (NCCL_MAX_CGA_CLUSTER_SIZE, MAXCHANNELS in NCCL 2.28).
+constexpr int kMaxCgaClusterSize = 8;
+constexpr int kMaxCtas = 64;
+
 std::optional<bool> boolFromEnv(const char* name) {
   const char* raw = std::getenv(name);
   if (raw == nullptr || *raw == '\0') {
@@ -94,6 +98,32 @@ Options::TestFault parseTestFault(const std::string& spec) {
   return fault;
 }
 
+// Refuses what NCCL would refuse (or silently clamp) when it makes a communicator.
+void checkNcclConfig(Options::NcclConfig& config) {
+  if (!config.blocking) {
+    if (const auto nonblocking = boolFromEnv("TORCH_NCCL_USE_COMM_NONBLOCKING")) {
+      config.blocking = !*nonblocking;
+    }
+  }
+  TORCH_CHECK_VALUE(!config.blocking.value_or(false), "streamnccl: config.blocking is true (or ",
+                    "TORCH_NCCL_USE_COMM_NONBLOCKING=0); streamnccl's NCCL communicators are ",
+                    "always non-blocking, so that abort() and the group's timeout can end every ",
+                    "NCCL call: leave it unset or false");
+  const auto inRange = [](const char* field, const std::optional<int>& value, int low, int high) {
+    TORCH_CHECK_VALUE(!value || (*value >= low && *value <= high), "streamnccl: config.", field,
+                      " is ", value.value_or(0), "; NCCL takes ", low, " to ", high);
+  };
+  inRange("cga_cluster_size", config.cgaClusterSize, 0, kMaxCgaClusterSize);
+  inRange("min_ctas", config.minCtas, 1, kMaxCtas);
+  inRange("max_ctas", config.maxCtas, 1, kMaxCtas);
+  TORCH_CHECK_VALUE(!config.minCtas || !config.maxCtas || *config.minCtas <= *config.maxCtas,
+                    "streamnccl: config.min_ctas (", config.minCtas.value_or(0),
+                    ") is more than config.max_ctas (", config.maxCtas.value_or(0), ")");
+  TORCH_CHECK_VALUE(!config.netName || !config.netName->empty(),
+                    "streamnccl: config.net_name is empty; name a network NCCL has (\"IB\", ",
+                    "\"Socket\") or leave it unset");
+}
+
 }  // namespace
 
 Options::Options(std::chrono::milliseconds timeout)
@@ -128,6 +158,7 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   if (!resolved->singleHardwareQueue) {
     resolved->singleHardwareQueue = stringFromEnv("CUDA_DEVICE_MAX_CONNECTIONS") == "1";
   }
+  checkNcclConfig(resolved->ncclConfig);
   if (!resolved->testFault) {
     if (const auto spec = stringFromEnv("STREAMNCCL_TEST_FAULT")) {
       resolved->testFault = parseTestFault(*spec);

@@ -49,6 +49,23 @@ class Options : public c10d::Backend::Options {
   // timeout says why a send and a recv posted apart could not both progress.
   std::optional<bool> singleHardwareQueue;
 
+  // How NCCL makes the group's communicators: the fields of ncclConfig_t that
+  // ProcessGroupNCCL.Options().config exposes. Unset, a field is NCCL's own default, which
+  // NCCL takes from its own environment variable (NCCL_CGA_CLUSTER_SIZE, NCCL_MIN_CTAS,
+  // NCCL_MAX_CTAS, NCCL_NET, NCCL_COMM_SPLIT_SHARE_RESOURCES) when that is set. Checked by
+  // fromEnv(), which refuses what NCCL would.
+  struct NcclConfig {
+    // TORCH_NCCL_USE_COMM_NONBLOCKING (inverted). Only false: streamnccl's communicators are
+    // non-blocking, so that abort() and the group's timeout can end every NCCL call.
+    std::optional<bool> blocking;
+    std::optional<int> cgaClusterSize;  // 0 to 8
+    std::optional<int> minCtas;         // 1 to 64
+    std::optional<int> maxCtas;         // 1 to 64, at least minCtas
+    std::optional<std::string> netName;
+    std::optional<bool> splitShare;  // a communicator split from this one shares its resources
+  };
+  NcclConfig ncclConfig;
+
   // Test-only, STREAMNCCL_TEST_FAULT="rank=R,op=N,action=fail" or "...,action=delay,ms=M":
   // op number N (counted from 1) of every group on rank R fails with a DistBackendError, or
   // starts M ms late, so that fault handling is tested deterministically.

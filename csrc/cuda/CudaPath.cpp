@@ -102,8 +102,9 @@ std::unique_ptr<Path> CudaPathFactory::open(const c10::Device& device) {
       nccl_, cuda_, store_, rank_, size_, device,
       NcclMembership{{},
                      "streamnccl/ncclUniqueId/" + std::to_string(number),
-                     rankName(rank_, size_, device) + "]"},
-      options_->timeout);
+                     rankName(rank_, size_, device) + "]",
+                     options_->group_name},
+      options_->timeout, options_->ncclConfig);
   return path;
 }
 
@@ -134,8 +135,12 @@ PeerLanes CudaPathFactory::openPeer(const c10::Device& requested, int peer) {
         NcclMembership{{from, to},
                        pair + "/" + std::to_string(from) + "-to-" + std::to_string(to),
                        rankName(rank_, size_, requested) + " lane " + std::to_string(from) + "->" +
-                           std::to_string(to) + "]"},
-        options_->timeout);
+                           std::to_string(to) + "]",
+                       options_->group_name.empty()
+                           ? ""
+                           : options_->group_name + " lane " + std::to_string(from) + "->" +
+                                 std::to_string(to)},
+        options_->timeout, options_->ncclConfig);
     auto gate = oneQueue ? sharedGate : std::make_shared<StreamGate>();
     device->gateInternalStream(gate);
     communicator->whenConnected([gate, connecting, oneQueue] {
@@ -171,9 +176,14 @@ std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10
                                                     const std::vector<int>& ranks) {
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   TORCH_INTERNAL_ASSERT(me != ranks.end(), "streamnccl: split without this rank");
+  // Its communicators are named as part of this group's (torch names the subgroup later).
+  auto options = c10::make_intrusive<Options>(*options_);
+  if (!options->group_name.empty()) {
+    options->group_name += " subgroup";
+  }
   return std::make_unique<CudaPathFactory>(nccl_, cuda_, store,
                                            static_cast<int>(me - ranks.begin()),
-                                           static_cast<int>(ranks.size()), options_);
+                                           static_cast<int>(ranks.size()), std::move(options));
 }
 
 PathFactory::Shrunk CudaPathFactory::shrink(

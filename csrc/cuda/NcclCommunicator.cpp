@@ -124,7 +124,7 @@ class NcclCommunicator::ScopedRedOp {
 NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
                                    c10::intrusive_ptr<c10d::Store> store, int groupRank,
                                    int groupSize, c10::Device device, NcclMembership membership,
-                                   std::chrono::milliseconds timeout)
+                                   std::chrono::milliseconds timeout, Options::NcclConfig config)
     : nccl_(std::move(nccl)),
       cuda_(std::move(cuda)),
       who_(std::move(membership.who)),
@@ -132,23 +132,28 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       device_(device),
       computeCapability_(cuda_->computeCapability(device)),
       key_(membership.idKey),
+      config_(std::move(config)),
+      name_(membership.name),
       connection_(NcclConnection::open(NcclConnection::Settings{
           nccl_, cuda_, std::move(store), device,
           members_.empty() ? groupSize : static_cast<int>(members_.size()), commRank(groupRank),
           // The member of lowest group rank makes the id, so rank 0 never waits for one.
           members_.empty() ? groupRank == 0
                            : groupRank == *std::min_element(members_.begin(), members_.end()),
-          std::move(membership.idKey), who_, timeout})) {}
+          std::move(membership.idKey), who_, timeout, config_, name_})) {}
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
                                    c10::Device device, std::string who, std::string key,
-                                   std::shared_ptr<NcclConnection> connection)
+                                   std::shared_ptr<NcclConnection> connection,
+                                   Options::NcclConfig config, std::string name)
     : nccl_(std::move(nccl)),
       cuda_(std::move(cuda)),
       who_(std::move(who)),
       device_(device),
       computeCapability_(cuda_->computeCapability(device)),
       key_(std::move(key)),
+      config_(std::move(config)),
+      name_(std::move(name)),
       connection_(std::move(connection)) {}
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
@@ -158,12 +163,14 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
   TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator shrinks");
   // Named after its parent, which every survivor shares: the order ranks close it in.
   std::string key = key_ + "/shrunk-" + c10::Join("-", excluded);
+  std::string name = name_.empty() ? "" : name_ + " shrunk-" + c10::Join("-", excluded);
   auto connection = NcclConnection::shrink(
       NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, groupSize, groupRank, false,
-                               key, who, timeout},
+                               key, who, timeout, config_, name},
       NcclConnection::ShrinkOf{connection_, excluded, abortInFlight, kShrinkFailedKey});
-  return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(
-      nccl_, cuda_, device_, std::move(who), std::move(key), std::move(connection)));
+  return std::shared_ptr<NcclCommunicator>(
+      new NcclCommunicator(nccl_, cuda_, device_, std::move(who), std::move(key),
+                           std::move(connection), config_, std::move(name)));
 }
 
 NcclCommunicator::~NcclCommunicator() { connection_->abandon(); }

@@ -26,6 +26,8 @@ struct NcclMembership {
   std::string idKey;
   // How errors name this communicator: "[streamnccl rank r/n cuda:d]" and the like.
   std::string who;
+  // How NCCL names it in its own log (NCCL_DEBUG=INFO): the group's name, and the lane.
+  std::string name;
 };
 
 // The Communicator of the NCCL path: a 1:1 mapping of the interface onto NCCL calls (through
@@ -37,8 +39,8 @@ class NcclCommunicator final : public Communicator {
   // Starts connecting to the other members, which each make one with the same `idKey`.
   NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda,
                    c10::intrusive_ptr<c10d::Store> store, int groupRank, int groupSize,
-                   c10::Device device, NcclMembership membership,
-                   std::chrono::milliseconds timeout);
+                   c10::Device device, NcclMembership membership, std::chrono::milliseconds timeout,
+                   Options::NcclConfig config);
   ~NcclCommunicator() override;
 
   // Whether NCCL can still shrink this communicator: connected, neither aborted nor closed.
@@ -91,7 +93,8 @@ class NcclCommunicator final : public Communicator {
   class ScopedRedOp;
   // Over a connection made already (shrunk()), spanning the whole group.
   NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda, c10::Device device,
-                   std::string who, std::string key, std::shared_ptr<NcclConnection> connection);
+                   std::string who, std::string key, std::shared_ptr<NcclConnection> connection,
+                   Options::NcclConfig config, std::string name);
   int commRank(int groupRank) const;
 
   const std::shared_ptr<NcclApi> nccl_;
@@ -100,7 +103,9 @@ class NcclCommunicator final : public Communicator {
   const std::vector<int> members_;
   const c10::Device device_;
   const int computeCapability_;
-  const std::string key_;  // the unique id's Store key, the same on every member
+  const std::string key_;             // the unique id's Store key, the same on every member
+  const Options::NcclConfig config_;  // what it was made with, and a shrunk one is
+  const std::string name_;            // NCCL's name for it
   const std::shared_ptr<NcclConnection> connection_;
   int groupDepth_ = 0;  // touched by the one task issuing on this communicator at a time
 };

@@ -194,9 +194,35 @@ ncclResult_t NcclConnection::initRank(ncclComm_t* comm,
                                       std::chrono::steady_clock::time_point deadline) {
   const ncclUniqueId id = exchangeId(deadline);
   auto onDevice = settings_.cuda->useDevice(settings_.device);  // the communicator's device
+  ncclConfig_t config = ncclConfig();
+  return nccl().commInitRankConfig(comm, settings_.size, id, settings_.rank, &config);
+}
+
+ncclConfig_t NcclConnection::ncclConfig() const {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  return nccl().commInitRankConfig(comm, settings_.size, id, settings_.rank, &config);
+  const Options::NcclConfig& asked = settings_.config;
+  if (asked.cgaClusterSize) {
+    config.cgaClusterSize = *asked.cgaClusterSize;
+  }
+  if (asked.minCtas) {
+    config.minCTAs = *asked.minCtas;
+  }
+  if (asked.maxCtas) {
+    config.maxCTAs = *asked.maxCtas;
+  }
+  if (asked.netName) {
+    config.netName = asked.netName->c_str();
+  }
+  if (asked.splitShare) {
+    config.splitShare = *asked.splitShare ? 1 : 0;
+  }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (!settings_.name.empty()) {
+    config.commName = settings_.name.c_str();
+  }
+#endif
+  return config;
 }
 
 ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
@@ -224,8 +250,7 @@ ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
   try {
     {
       auto onDevice = settings_.cuda->useDevice(settings_.device);
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
+      ncclConfig_t config = ncclConfig();
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
       // Its own abort flag, whatever NCCL_COMM_SHRINK_SHARE_RESOURCES says: the old group
       // aborts the parent when it ends broken, which must not stop the new one.

@@ -21,6 +21,7 @@
 // it is aborted on a thread of its own: ncclCommAbort stops its kernels at once, and only
 // then waits for the graphs.
 
+#include "core/Options.hpp"
 #include "cuda/CudaApi.hpp"
 #include "cuda/NcclApi.hpp"
 
@@ -51,6 +52,8 @@ class NcclConnection {
     std::string idKey;                  // where the unique id is published
     std::string who;                    // "[streamnccl rank r/n cuda:d]", for messages
     std::chrono::milliseconds timeout;  // for connecting, and for a call in progress
+    Options::NcclConfig config;         // what the group asks of NCCL (checked already)
+    std::string name;                   // NCCL's name for it (ncclConfig_t::commName), or ""
   };
 
   // What a connection made by shrinking another is made from (ncclCommShrink, instead of a
@@ -142,6 +145,10 @@ class NcclConnection {
   // connect()'s first step for a new communicator: a non-blocking one from a unique id;
   // returns NCCL's result (ncclInProgress until it is ready).
   ncclResult_t initRank(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
+  // The ncclConfig_t of every communicator this connection makes: non-blocking, with the
+  // group's settings and name. Points into settings_, which outlives the communicator (NCCL
+  // keeps the name's pointer).
+  ncclConfig_t ncclConfig() const;
   // connect()'s first step for a shrunk one (shrinkOf_): returns once NCCL has made it, or
   // failed to, with its result; raises, having ended NCCL's making of it, on a timeout, an
   // abort, or another survivor giving up.

@@ -79,6 +79,59 @@ bool sharesResources(const ncclConfig_t* config) {
   return env != nullptr && std::atoi(env) != 0;
 }
 
+// The fields of `config` its caller set, as the log shows them ("" when none): what NCCL reads.
+std::string configText(const ncclConfig_t* config) {
+  if (config == nullptr) {
+    return "";
+  }
+  std::vector<std::string> set;
+  const auto number = [&](const char* name, int value) {
+    if (value != NCCL_CONFIG_UNDEF_INT) {
+      set.push_back(std::string(name) + "=" + std::to_string(value));
+    }
+  };
+  number("cgaClusterSize", config->cgaClusterSize);
+  number("minCTAs", config->minCTAs);
+  number("maxCTAs", config->maxCTAs);
+  if (config->netName != NCCL_CONFIG_UNDEF_PTR) {
+    set.push_back(std::string("netName=") + config->netName);
+  }
+  number("splitShare", config->splitShare);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (config->commName != NCCL_CONFIG_UNDEF_PTR) {
+    set.push_back(std::string("commName=") + config->commName);
+  }
+#endif
+  return set.empty() ? "" : ", config{" + c10::Join(", ", set) + "}";
+}
+
+// Why NCCL refuses `config` with ncclInvalidArgument (its parseCommConfig), or "".
+std::string configRefusal(const ncclConfig_t* config) {
+  if (config == nullptr) {
+    return "";
+  }
+  if (config->magic != 0xcafebeef) {
+    return "ncclConfig_t not made with NCCL_CONFIG_INITIALIZER";
+  }
+  const auto set = [](int value) { return value != NCCL_CONFIG_UNDEF_INT; };
+  if (set(config->blocking) && config->blocking != 0 && config->blocking != 1) {
+    return "blocking " + std::to_string(config->blocking);
+  }
+  if (set(config->cgaClusterSize) && config->cgaClusterSize < 0) {
+    return "cgaClusterSize " + std::to_string(config->cgaClusterSize);
+  }
+  if ((set(config->minCTAs) && config->minCTAs <= 0) ||
+      (set(config->maxCTAs) && config->maxCTAs <= 0) ||
+      (set(config->minCTAs) && set(config->maxCTAs) && config->minCTAs > config->maxCTAs)) {
+    return "minCTAs/maxCTAs " + std::to_string(config->minCTAs) + "/" +
+           std::to_string(config->maxCTAs);
+  }
+  if (set(config->splitShare) && config->splitShare != 0 && config->splitShare != 1) {
+    return "splitShare " + std::to_string(config->splitShare);
+  }
+  return "";
+}
+
 size_t sizeOf(ncclDataType_t type) {
   switch (type) {
     case ncclFloat16:
@@ -196,7 +249,11 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
   const bool blocking = config == nullptr || config->blocking != 0;
   const std::string call = "ncclCommInitRank(nranks=" + std::to_string(nranks) +
                            ", rank=" + std::to_string(rank) + (blocking ? "" : ", nonblocking") +
-                           ")";
+                           configText(config) + ")";
+  if (const std::string refusal = configRefusal(config); !refusal.empty()) {
+    gpu_->log().add(call + " failed: NCCL refuses the config (" + refusal + ")");
+    return ncclInvalidArgument;
+  }
   const ncclResult_t result = outcome("ncclCommInitRank");
   if (result != ncclSuccess) {
     gpu_->log().add(call + " failed");
@@ -235,7 +292,12 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
   const std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
   const bool abortFirst = (shrinkFlags & NCCL_SHRINK_ABORT) != 0;
   std::string call = "ncclCommShrink(" + commName(handleValue) + ", exclude=[" +
-                     c10::Join(",", excluded) + "]" + (abortFirst ? ", abort" : "") + ")";
+                     c10::Join(",", excluded) + "]" + (abortFirst ? ", abort" : "") +
+                     configText(config) + ")";
+  if (const std::string refusal = configRefusal(config); !refusal.empty()) {
+    gpu_->log().add(call + " failed: NCCL refuses the config (" + refusal + ")");
+    return ncclInvalidArgument;
+  }
   if (gpu_->ncclVersion() < NCCL_VERSION(2, 27, 0)) {
     gpu_->log().violation(call + " with NCCL " + std::to_string(gpu_->ncclVersion()) +
                           ", which has no ncclCommShrink (2.27+)");

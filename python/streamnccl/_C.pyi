@@ -3,6 +3,26 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+class NcclConfig:
+    """How NCCL makes a group's communicators (ncclConfig_t); unset fields are NCCL's defaults."""
+
+    blocking: bool | None
+    cga_cluster_size: int | None
+    min_ctas: int | None
+    max_ctas: int | None
+    net_name: str | None
+    split_share: bool | None
+    def __init__(
+        self,
+        *,
+        blocking: bool | None = None,
+        cga_cluster_size: int | None = None,
+        min_ctas: int | None = None,
+        max_ctas: int | None = None,
+        net_name: str | None = None,
+        split_share: bool | None = None,
+    ) -> None: ...
+
 class Options(dist.Backend.Options):
     """Settings of a streamnccl group; unset ones come from STREAMNCCL_* variables."""
 
@@ -14,6 +34,7 @@ class Options(dist.Backend.Options):
     enable_timing: bool | None
     single_hardware_queue: bool | None
     check_inflight_writes: bool | None
+    config: NcclConfig
     def __init__(
         self,
         *,
@@ -25,6 +46,7 @@ class Options(dist.Backend.Options):
         enable_timing: bool | None = None,
         single_hardware_queue: bool | None = None,
         check_inflight_writes: bool | None = None,
+        config: NcclConfig | None = None,
     ) -> None: ...
     def resolved(self) -> Options: ...
 
@@ -37,6 +59,7 @@ class ProcessGroup(dist.Backend):
         timeout: timedelta,
         options: Options,
         gloo: dist.Backend,
+        group_name: str = "",
     ) -> None: ...
     @property
     def streamnccl_options(self) -> Options: ...

@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _shrink
-from ._C import Options, ProcessGroup
+from ._C import NcclConfig, Options, ProcessGroup
 
 __all__ = [
+    "NcclConfig",
     "Options",
     "ProcessGroup",
     "dump_flight_recorder",
@@ -76,7 +77,10 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     # As torch does for its own gloo groups: Gloo's split (split_group, shrink_group) reads
     # the parent's global ranks, and crashes on a subgroup that was never told them.
     gloo.options.global_ranks_in_group = global_ranks
-    group = ProcessGroup(store, rank, size, timeout, pg_options, gloo)
+    # group_id is torch's name for the group ("0", "1", ...): NCCL's logs name it so.
+    group = ProcessGroup(
+        store, rank, size, timeout, pg_options, gloo, group_name=dist_backend_opts.group_id
+    )
     group._set_global_ranks(global_ranks)
     return group
 
