@@ -298,7 +298,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Options::NcclConfig>(m, "NcclConfig",
                                   "How NCCL makes a group's communicators (ncclConfig_t), as "
                                   "ProcessGroupNCCL.Options().config; unset fields are NCCL's "
-                                  "defaults (or its NCCL_* variables)")
+                                  "defaults, and NCCL's NCCL_* variables override any field")
       .def(py::init([](std::optional<bool> blocking, std::optional<int> cgaClusterSize,
                        std::optional<int> minCtas, std::optional<int> maxCtas,
                        std::optional<std::string> netName, std::optional<bool> splitShare) {

@@ -105,10 +105,10 @@ def test_options_reject_bad_fault_handling_settings(monkeypatch):
     "config, refusal",
     [
         ({"blocking": True}, "always non-blocking"),
-        ({"cga_cluster_size": -1}, r"cga_cluster_size is -1; NCCL takes 0 to 8"),
-        ({"cga_cluster_size": 9}, r"cga_cluster_size is 9; NCCL takes 0 to 8"),
-        ({"min_ctas": 0}, r"min_ctas is 0; NCCL takes 1 to 64"),
-        ({"max_ctas": 65}, r"max_ctas is 65; NCCL takes 1 to 64"),
+        ({"cga_cluster_size": -1}, r"cga_cluster_size is -1; expected 0 to 8"),
+        ({"cga_cluster_size": 9}, r"cga_cluster_size is 9; expected 0 to 8"),
+        ({"min_ctas": 0}, r"min_ctas is 0; expected 1 to 64"),
+        ({"max_ctas": 65}, r"max_ctas is 65; expected 1 to 64"),
         ({"min_ctas": 8, "max_ctas": 4}, r"min_ctas \(8\) is more than config.max_ctas \(4\)"),
         ({"net_name": ""}, "net_name is empty"),
     ],
@@ -127,6 +127,28 @@ def test_options_carry_the_nccl_config_and_torchs_nonblocking_variable(monkeypat
     assert streamnccl.Options().resolved().config.blocking is False
     monkeypatch.setenv("TORCH_NCCL_USE_COMM_NONBLOCKING", "0")
     with pytest.raises(ValueError, match="TORCH_NCCL_USE_COMM_NONBLOCKING=0"):
+        streamnccl.Options().resolved()
+
+
+@pytest.mark.parametrize(
+    "variable, value, refused",
+    [
+        ("NCCL_COMM_BLOCKING", "1", True),
+        ("NCCL_COMM_BLOCKING", "0", False),
+        ("NCCL_COMM_SHRINK_SHARE_RESOURCES", "1", True),
+        ("NCCL_COMM_SHRINK_SHARE_RESOURCES", "0", False),
+    ],
+)
+def test_options_refuse_the_nccl_variables_that_would_override_streamnccls_config(
+    monkeypatch, variable, value, refused
+):
+    # NCCL's variables override the config it is given: these two would make communicators
+    # blocking, or a shrunk one share the old one's abort flag, whatever streamnccl asks.
+    monkeypatch.setenv(variable, value)
+    if refused:
+        with pytest.raises(ValueError, match=f"{variable}.*unset it or set it to 0"):
+            streamnccl.Options().resolved()
+    else:
         streamnccl.Options().resolved()
 
 

@@ -697,6 +697,21 @@ def test_the_groups_nccl_config_and_name_reach_every_communicator_it_makes():
     pg.shutdown()
 
 
+def test_a_minimum_of_ctas_alone_comes_with_nccls_maximum():
+    # NCCL compares minCTAs with maxCTAs before filling in its defaults, where an unset maximum
+    # is the lowest int: a minimum alone would be refused at every init.
+    pg, log = _C._recording_process_group(
+        dist.HashStore(), 0, SIZE, timedelta(seconds=10),
+        config=streamnccl.NcclConfig(min_ctas=4),
+    )  # fmt: skip
+    calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(4)], options(AllreduceOptions)))
+    assert (
+        calls[1]
+        == "ncclCommInitRank(nranks=3, rank=0, nonblocking, config{minCTAs=4, maxCTAs=64}) -> C0"
+    )
+    pg.shutdown()
+
+
 def test_a_config_nccl_refuses_fails_the_init_with_nccls_reason():
     # Options refuse these at init_process_group; the fake refuses them as NCCL would, should
     # one get through (here the recording group takes the config unchecked).

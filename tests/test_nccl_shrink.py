@@ -176,10 +176,9 @@ def test_a_survivor_that_gives_up_ends_the_others_shrink_and_a_second_shrink_wor
         assert gpu.violations() == []
 
 
-def test_the_shrunk_communicator_outlives_the_old_groups_abort(monkeypatch):
-    # With NCCL_COMM_SHRINK_SHARE_RESOURCES=1 NCCL would give the new communicator its parent's
+def test_the_shrunk_communicator_outlives_the_old_groups_abort():
+    # Had the old communicator been made with shrinkShare, NCCL would give the new one its
     # abort flag, and the old group's abort (it ends broken) would stop the new group too.
-    monkeypatch.setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", "1")
     groups = connect(fake_ranks(3))
 
     def shrink_then_abort_the_old_group(rank, pg, gpu):
@@ -192,3 +191,24 @@ def test_the_shrunk_communicator_outlives_the_old_groups_abort(monkeypatch):
         assert gathered == [20, 21]
         assert not [c for c in calls if "sharing its parent's resources" in c], calls
     _end(groups, results)
+
+
+def test_a_shrink_refuses_the_variable_that_would_share_the_old_communicators_abort_flag(
+    monkeypatch,
+):
+    # Set after the group was made: the shrink refuses it at the call, before any NCCL call,
+    # and the group goes on.
+    groups = connect(fake_ranks(3))
+    monkeypatch.setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", "1")
+
+    def refused_then_used(rank, pg, gpu):
+        gpu.clear()
+        if rank != 2:  # the one it would leave out takes no part
+            with pytest.raises(ValueError, match="NCCL_COMM_SHRINK_SHARE_RESOURCES is set"):
+                pg.shrink([2])
+        assert not [c for c in gpu.calls() if "ncclCommShrink" in c]
+        return _all_reduce(pg, gpu, value=1 + rank)
+
+    for tensor in run_ranks(groups, refused_then_used):
+        assert tensor.tolist() == [6.0] * 4
+    shut_down(groups)

@@ -98,7 +98,21 @@ Options::TestFault parseTestFault(const std::string& spec) {
   return fault;
 }
 
-// Refuses what NCCL would refuse (or silently clamp) when it makes a communicator.
+// An NCCL_* variable as NCCL reads it (strtoll, any base), or nullopt where it is unset or
+// spells no number (NCCL then keeps its default).
+std::optional<long long> ncclIntFromEnv(const char* name) {
+  const auto raw = stringFromEnv(name);
+  if (!raw) {
+    return std::nullopt;
+  }
+  char* end = nullptr;
+  const long long value = std::strtoll(raw->c_str(), &end, 0);
+  return end == raw->c_str() ? std::nullopt : std::optional<long long>(value);
+}
+
+// Refuses what streamnccl cannot honour, or NCCL would refuse, when it makes a communicator.
+// (The ranges are streamnccl's: NCCL takes any cluster size of 0 or more and clamps CTAs to
+// its maximum, where a value beyond it is more likely a mistake than a wish.)
 void checkNcclConfig(Options::NcclConfig& config) {
   if (!config.blocking) {
     if (const auto nonblocking = boolFromEnv("TORCH_NCCL_USE_COMM_NONBLOCKING")) {
@@ -111,7 +125,8 @@ void checkNcclConfig(Options::NcclConfig& config) {
                     "NCCL call: leave it unset or false");
   const auto inRange = [](const char* field, const std::optional<int>& value, int low, int high) {
     TORCH_CHECK_VALUE(!value || (*value >= low && *value <= high), "streamnccl: config.", field,
-                      " is ", value.value_or(0), "; NCCL takes ", low, " to ", high);
+                      " is ", value.value_or(0), "; expected ", low, " to ", high,
+                      " (what NCCL 2.28 makes use of)");
   };
   inRange("cga_cluster_size", config.cgaClusterSize, 0, kMaxCgaClusterSize);
   inRange("min_ctas", config.minCtas, 1, kMaxCtas);
@@ -122,6 +137,17 @@ void checkNcclConfig(Options::NcclConfig& config) {
   TORCH_CHECK_VALUE(!config.netName || !config.netName->empty(),
                     "streamnccl: config.net_name is empty; name a network NCCL has (\"IB\", ",
                     "\"Socket\") or leave it unset");
+  // NCCL's own variables override the config it is given (its envConfigOverride), so two of
+  // them would undo what streamnccl relies on, whatever the config says.
+  TORCH_CHECK_VALUE(ncclIntFromEnv("NCCL_COMM_BLOCKING").value_or(0) != 1,
+                    "streamnccl: NCCL_COMM_BLOCKING=1 makes every NCCL communicator blocking, ",
+                    "and then neither abort() nor the group's timeout can end a call stuck in ",
+                    "NCCL (a communicator's making, a shrink): unset it or set it to 0");
+  TORCH_CHECK_VALUE(ncclIntFromEnv("NCCL_COMM_SHRINK_SHARE_RESOURCES").value_or(0) == 0,
+                    "streamnccl: NCCL_COMM_SHRINK_SHARE_RESOURCES is set: a shrunk group's ",
+                    "communicator would share the old one's abort flag, and the old group, ",
+                    "which shrink_group ends (aborting its communicator when it is broken), ",
+                    "would stop the new one too: unset it or set it to 0");
 }
 
 }  // namespace

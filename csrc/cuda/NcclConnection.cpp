@@ -6,11 +6,14 @@
 #include <c10/util/Logging.h>
 
 #include <cstring>
+#include <set>
 
 namespace streamnccl {
 namespace {
 
 constexpr auto kAbortGrace = std::chrono::seconds(10);
+// NCCL's maximum number of CTAs (MAXCHANNELS in NCCL 2.28; an older NCCL clamps it to its own).
+constexpr int kNcclMaxCtas = 64;
 // While a shrink is in progress, how often (in polls, a few ms apart once settled) the Store is
 // asked whether another survivor gave up.
 constexpr int kPollsPerStoreCheck = 8;
@@ -26,6 +29,18 @@ class Backoff {
  private:
   std::chrono::microseconds pause_{20};
 };
+
+// NCCL keeps the pointer it is given as a communicator's name (ncclConfig_t::commName), and a
+// communicator may outlive its connection (left for CUDA graphs, or aborted on a thread of its
+// own): so names are kept for the process's life. A process has few.
+const char* keptForever(const std::string& name) {
+  // Never destroyed, not even at exit: a communicator aborted on a thread of its own may
+  // still be named then.
+  static auto* const mutex = new std::mutex;
+  static auto* const names = new std::set<std::string>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  return names->insert(name).first->c_str();
+}
 
 }  // namespace
 
@@ -207,6 +222,9 @@ ncclConfig_t NcclConnection::ncclConfig() const {
   }
   if (asked.minCtas) {
     config.minCTAs = *asked.minCtas;
+    // NCCL compares the two before it fills in its defaults, and an unset maximum is the
+    // lowest int: a minimum alone would be refused. So it comes with NCCL's own maximum.
+    config.maxCTAs = kNcclMaxCtas;
   }
   if (asked.maxCtas) {
     config.maxCTAs = *asked.maxCtas;
@@ -219,8 +237,12 @@ ncclConfig_t NcclConnection::ncclConfig() const {
   }
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   if (!settings_.name.empty()) {
-    config.commName = settings_.name.c_str();
+    config.commName = keptForever(settings_.name);
   }
+  // A shrink shares resources, its abort flag among them, as its parent's config says: none,
+  // since the old group aborts the parent when it ends broken, which must not stop the new
+  // one. (NCCL_COMM_SHRINK_SHARE_RESOURCES would override this; Options refuses it.)
+  config.shrinkShare = 0;
 #endif
   return config;
 }
@@ -231,16 +253,20 @@ ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
   parent.acquire("ncclCommShrink");  // NCCL builds the new one from the parent's state
   ncclComm_t parentComm = nullptr;
   {
-    std::lock_guard<std::mutex> lock(parent.mutex_);
+    std::unique_lock<std::mutex> lock(parent.mutex_);
     parentComm = parent.comm_;
     ++parent.shrinking_;
+    // A poll of the parent's state already under way (the watchdog's) ends first: NCCL's poll
+    // of a communicator whose group job is done joins and frees that job, which the shrink's
+    // own polls do from now on. A poll returns at once.
+    parent.changed_.wait(lock, [&] { return parent.statePolls_ == 0; });
   }
-  auto letGo = [&parent] {
+  auto endShrinking = [&parent] {
     {
       std::lock_guard<std::mutex> lock(parent.mutex_);
       --parent.shrinking_;
     }
-    parent.release();
+    parent.changed_.notify_all();
   };
   // NCCL writes the new communicator here from a thread of its own, once that thread is done,
   // which may be after this call has given up: so it is not on this stack, and it is freed
@@ -251,11 +277,6 @@ ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
     {
       auto onDevice = settings_.cuda->useDevice(settings_.device);
       ncclConfig_t config = ncclConfig();
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-      // Its own abort flag, whatever NCCL_COMM_SHRINK_SHARE_RESOURCES says: the old group
-      // aborts the parent when it ends broken, which must not stop the new one.
-      config.shrinkShare = 0;
-#endif
       std::vector<int> excluded = shrinkOf_->excluded;  // NCCL sorts it in place
       result = nccl().commShrink(
           parentComm, excluded.data(), static_cast<int>(excluded.size()), into, &config,
@@ -268,13 +289,17 @@ ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
                                 /*ofShrinkingParent=*/true);
     }
   } catch (...) {
-    letGo();
+    // Still shrinking (so the watchdog leaves its state alone) until it is aborted; the abort
+    // waits for this use to end.
+    parent.endUse();
     endShrinkInProgress(into);
+    endShrinking();
     throw;
   }
   *comm = __atomic_load_n(into, __ATOMIC_ACQUIRE);
   delete into;
-  letGo();
+  endShrinking();
+  parent.endUse();
   return result;
 }
 
@@ -315,6 +340,10 @@ ncclResult_t NcclConnection::pollUntilSettled(ncclComm_t comm, const char* call,
     ncclResult_t state = ncclSuccess;
     const ncclResult_t result = nccl().commGetAsyncError(comm, &state);
     if (result != ncclSuccess) {
+      if (ofShrinkingParent) {  // NCCL's thread may still be making the new one: end it
+        raise(std::string("ncclCommGetAsyncError failed while ") + call +
+              " was in progress: " + nccl().getErrorString(result));
+      }
       return result;
     }
     if (state != ncclInProgress) {
@@ -634,10 +663,15 @@ std::string NcclConnection::asyncError() {
       return {};
     }
     ++uses_;
+    ++statePolls_;
     comm = comm_;
   }
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = nccl().commGetAsyncError(comm, &state);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --statePolls_;
+  }
   std::string error;
   if (result != ncclSuccess) {
     error = who() + " ncclCommGetAsyncError failed: " + nccl().getErrorString(result);

@@ -146,8 +146,7 @@ class NcclConnection {
   // returns NCCL's result (ncclInProgress until it is ready).
   ncclResult_t initRank(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
   // The ncclConfig_t of every communicator this connection makes: non-blocking, with the
-  // group's settings and name. Points into settings_, which outlives the communicator (NCCL
-  // keeps the name's pointer).
+  // group's settings and name. Its net name points into settings_ (NCCL copies it).
   ncclConfig_t ncclConfig() const;
   // connect()'s first step for a shrunk one (shrinkOf_): returns once NCCL has made it, or
   // failed to, with its result; raises, having ended NCCL's making of it, on a timeout, an
@@ -193,6 +192,8 @@ class NcclConnection {
   // Shrinks of this communicator in progress: its state is then theirs to poll (NCCL's poll
   // of it ends the shrink's thread, which two threads must not do at once).
   int shrinking_ = 0;
+  // asyncError()'s polls of its state under way, which a shrink waits out before it starts.
+  int statePolls_ = 0;
   // Where abort()'s ncclCommAbort is: still Running (from the moment aborted_ is set), or
   // Returned, or LeftRunning on a thread of its own (work on it was captured).
   enum class AbortProgress { Running, Returned, LeftRunning };

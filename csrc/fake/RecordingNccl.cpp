@@ -67,16 +67,40 @@ std::string typeName(ncclDataType_t type) {
   }
 }
 
-// Whether a shrink shares its parent's resources, its abort flag among them: the config's
-// shrinkShare, else NCCL_COMM_SHRINK_SHARE_RESOURCES (NCCL's default: no).
-bool sharesResources(const ncclConfig_t* config) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  if (config != nullptr && config->shrinkShare != NCCL_CONFIG_UNDEF_INT) {
-    return config->shrinkShare != 0;
+// An NCCL_* variable as NCCL reads it, or NCCL_CONFIG_UNDEF_INT where unset or no number.
+int ncclEnvInt(const char* name) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') {
+    return NCCL_CONFIG_UNDEF_INT;
   }
+  char* end = nullptr;
+  const long value = std::strtol(raw, &end, 0);
+  return end == raw ? NCCL_CONFIG_UNDEF_INT : static_cast<int>(value);
+}
+
+// Whether a communicator made with `config` blocks: NCCL_COMM_BLOCKING (0 or 1) overrides the
+// config, whose unset field means blocking (NCCL's envConfigOverride, then its default).
+bool blocksWith(const ncclConfig_t* config) {
+  if (const int env = ncclEnvInt("NCCL_COMM_BLOCKING"); env == 0 || env == 1) {
+    return env == 1;
+  }
+  return config == nullptr || config->blocking != 0;
+}
+
+// Whether shrinks of a communicator made with `config` share its resources, its abort flag
+// among them: NCCL_COMM_SHRINK_SHARE_RESOURCES overrides the config's shrinkShare (default:
+// no). NCCL reads it from the parent's config; the shrink's own config says nothing of it.
+bool shrinksShareWith(const ncclConfig_t* config) {
+  if (const int env = ncclEnvInt("NCCL_COMM_SHRINK_SHARE_RESOURCES");
+      env != NCCL_CONFIG_UNDEF_INT) {
+    return env != 0;
+  }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  return config != nullptr && config->shrinkShare != NCCL_CONFIG_UNDEF_INT &&
+         config->shrinkShare != 0;
+#else
+  return false;
 #endif
-  const char* env = std::getenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
-  return env != nullptr && std::atoi(env) != 0;
 }
 
 // The fields of `config` its caller set, as the log shows them ("" when none): what NCCL reads.
@@ -122,7 +146,7 @@ std::string configRefusal(const ncclConfig_t* config) {
   }
   if ((set(config->minCTAs) && config->minCTAs <= 0) ||
       (set(config->maxCTAs) && config->maxCTAs <= 0) ||
-      (set(config->minCTAs) && set(config->maxCTAs) && config->minCTAs > config->maxCTAs)) {
+      config->minCTAs > config->maxCTAs) {  // before defaults: an unset max is INT_MIN
     return "minCTAs/maxCTAs " + std::to_string(config->minCTAs) + "/" +
            std::to_string(config->maxCTAs);
   }
@@ -245,8 +269,7 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
                                                int rank, ncclConfig_t* config) {
   gpu_->bindDevice();
   const int device = FakeGpu::currentDevice();
-  // NCCL_CONFIG_INITIALIZER leaves `blocking` undefined, which means blocking.
-  const bool blocking = config == nullptr || config->blocking != 0;
+  const bool blocking = blocksWith(config);
   const std::string call = "ncclCommInitRank(nranks=" + std::to_string(nranks) +
                            ", rank=" + std::to_string(rank) + (blocking ? "" : ", nonblocking") +
                            configText(config) + ")";
@@ -270,6 +293,7 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
   *comm = handle<ncclComm_t>(number);
   Comm& comm_made = made(number, device, nranks, rank, key, blocking);
   comm_made.initPending = !blocking;
+  comm_made.shrinksShare = shrinksShareWith(config);
   gpu_->log().add(call + " -> " + comm_made.name);
   return blocking ? ncclSuccess : ncclInProgress;
 }
@@ -337,8 +361,11 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
           : parent->rank;
   const int nranks = modelled ? parent->nranks - static_cast<int>(excluded.size()) : parent->nranks;
   const int device = parent->device;
-  const bool blocking = config == nullptr || config->blocking != 0;
-  const bool shares = !abortFirst && sharesResources(config);
+  const bool blocking = blocksWith(config);
+  const bool shares = !abortFirst && parent->shrinksShare;
+  // The new one's own config is the shrink's, or else its parent's (then the environment).
+  const bool childShrinksShare =
+      config != nullptr ? shrinksShareWith(config) : parent->shrinksShare;
   world_->join(key, rank, nranks, gpu_.get());
   if (blocking && modelled) {
     lock.unlock();
@@ -355,12 +382,13 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
   if (!blocking && modelled) {
     // NCCL's own thread makes it, tied to the parent, and writes it only once done.
     *newcomm = nullptr;
-    parent->shrinking =
-        Comm::Shrinking{newcomm, number, fake::number(handleValue), key, rank, nranks, shares};
+    parent->shrinking = Comm::Shrinking{newcomm, number, fake::number(handleValue), key, rank,
+                                        nranks,  shares, childShrinksShare};
     return ncclInProgress;
   }
   *newcomm = handle<ncclComm_t>(number);
   Comm& child = made(number, device, nranks, rank, key, blocking);
+  child.shrinksShare = childShrinksShare;
   if (shares) {
     child.abortFlagOf = fake::number(handleValue);
   }
@@ -372,6 +400,7 @@ void RecordingNccl::finishShrink(Comm& parent, ncclResult_t failure) {
   Comm& child = made(shrinking.number, parent.device, shrinking.nranks, shrinking.rank,
                      shrinking.key, /*blocking=*/false);
   child.asyncFailure = failure;
+  child.shrinksShare = shrinking.childShrinksShare;
   if (shrinking.sharesAbortFlag) {
     child.abortFlagOf = shrinking.parent;
   }

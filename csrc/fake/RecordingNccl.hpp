@@ -104,7 +104,8 @@ class RecordingNccl final : public NcclApi {
     std::vector<Pending> pending;  // its kernels, enqueued once done
     bool aborted = false;
     bool destroyed = false;
-    int shrinks = 0;  // made from it so far: the n-th of each survivor meet
+    int shrinks = 0;            // made from it so far: the n-th of each survivor meet
+    bool shrinksShare = false;  // its config's (or the environment's) shrinkShare
     // A non-blocking shrink of it that NCCL is still making: where the new one goes, and what
     // it will be.
     struct Shrinking {
@@ -115,6 +116,7 @@ class RecordingNccl final : public NcclApi {
       int rank = 0;
       int nranks = 0;
       bool sharesAbortFlag = false;
+      bool childShrinksShare = false;
     };
     std::optional<Shrinking> shrinking;
     int64_t abortFlagOf = -1;                 // the communicator whose abort flag it shares
