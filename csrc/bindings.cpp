@@ -20,6 +20,7 @@
 #endif
 
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -71,7 +72,7 @@ c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d:
                                                   int rank, int size,
                                                   std::chrono::milliseconds timeout,
                                                   const Options& explicitOptions,
-                                                  c10::intrusive_ptr<c10d::Backend> gloo,
+                                                  std::shared_ptr<LazyGloo> gloo,
                                                   const std::string& groupName) {
   auto options = Options::fromEnv(explicitOptions);
   options->timeout = timeout;
@@ -84,6 +85,32 @@ c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d:
                                                       rank, size, options));
 #endif
   return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories), store);
+}
+
+// open_gloo, callable from any thread (it takes the GIL), and let go of without the GIL once
+// the interpreter is finalizing (a group may be destroyed that late, on a thread of its own).
+LazyGloo::Open glooOpener(py::function open) {
+  std::shared_ptr<py::function> held(new py::function(std::move(open)), [](py::function* fn) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing() != 0;
+#else
+    const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+    if (Py_IsInitialized() == 0 || finalizing) {
+      return;  // leaked: no Python left to take it back
+    }
+    py::gil_scoped_acquire gil;
+    delete fn;
+  });
+  return [held](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                std::chrono::milliseconds timeout) {
+    py::gil_scoped_acquire gil;
+    try {
+      return (*held)(store, rank, size, timeout).cast<c10::intrusive_ptr<c10d::Backend>>();
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(e.what());  // described while the GIL is held
+    }
+  };
 }
 
 py::dict buildInfo() {
@@ -357,8 +384,27 @@ PYBIND11_MODULE(_C, m) {
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
 
   py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>(m, "ProcessGroup")
-      .def(py::init(&makeProcessGroup), py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout"), py::arg("options"), py::arg("gloo"), py::arg("group_name") = "")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const Options& options,
+                       py::function openGloo, const std::string& groupName) {
+             return makeProcessGroup(
+                 store, rank, size, timeout, options,
+                 LazyGloo::deferred(glooOpener(std::move(openGloo)), store, rank, size, timeout),
+                 groupName);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("options"), py::kw_only(), py::arg("open_gloo"), py::arg("group_name") = "",
+           "A group whose host path opens Gloo with open_gloo(store, rank, size) at its first CPU "
+           "op.")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const Options& options,
+                       c10::intrusive_ptr<c10d::Backend> gloo, const std::string& groupName) {
+             return makeProcessGroup(store, rank, size, timeout, options,
+                                     LazyGloo::of(std::move(gloo)), groupName);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("options"), py::arg("gloo"), py::arg("group_name") = "",
+           "A group whose host path runs on `gloo`, made already.")
       .def_property_readonly("streamnccl_options", &ProcessGroup::options)
       .def("_set_global_ranks", &ProcessGroup::setGlobalRanks, py::arg("global_ranks"),
            "The global rank of each member, which the flight recorder's dump names.")
@@ -367,6 +413,15 @@ PYBIND11_MODULE(_C, m) {
              return torch::jit::toPyObject(c10::IValue(self.statsSnapshot()));
            })
       .def("_reset_stats", &ProcessGroup::resetStats)
+      // Test-only: what torch's split_group asks of a member (`options`: its pg_options).
+      .def(
+          "_split",
+          [](ProcessGroup& self, const c10::intrusive_ptr<c10d::Store>& store,
+             const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& options) {
+            return self.split(store, ranks, options);
+          },
+          py::arg("store"), py::arg("ranks"), py::arg("options") = nullptr,
+          py::call_guard<py::gil_scoped_release>())
       // torch calls this on a group's non-members when a bound group splits; it is how NCCL
       // backends take part in ncclCommSplit. streamnccl makes a subgroup's communicators from
       // scratch, among its members only, so there is nothing to do.

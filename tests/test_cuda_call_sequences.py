@@ -712,6 +712,24 @@ def test_a_minimum_of_ctas_alone_comes_with_nccls_maximum():
     pg.shutdown()
 
 
+def test_a_subgroup_makes_its_communicators_with_its_own_config():
+    # split_group's pg_options are the subgroup's: its NCCL config, not its parent's.
+    pg, log = _C._recording_process_group(
+        dist.HashStore(), 0, SIZE, timedelta(seconds=10),
+        config=streamnccl.NcclConfig(max_ctas=4), group_name="trainer",
+    )  # fmt: skip
+    own = streamnccl.Options(config=streamnccl.NcclConfig(max_ctas=8))
+    own._timeout = timedelta(seconds=10)
+    child = pg._split(dist.HashStore(), [0, 1], own)
+    calls = run(child, log, lambda g: g.allreduce([torch.ones(4)], options(AllreduceOptions)))
+    assert calls[1] == (
+        "ncclCommInitRank(nranks=2, rank=0, nonblocking, config{maxCTAs=8, "
+        "commName=trainer subgroup}) -> C0"
+    )
+    child.shutdown()
+    pg.shutdown()
+
+
 def test_a_config_nccl_refuses_fails_the_init_with_nccls_reason():
     # Options refuse these at init_process_group; the fake refuses them as NCCL would, should
     # one get through (here the recording group takes the config unchecked).

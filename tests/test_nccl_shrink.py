@@ -7,6 +7,7 @@ import gc
 from datetime import timedelta
 
 import pytest
+import streamnccl
 import torch
 from fakes import connect, fake_ranks, needs_nccl_path, opts, run_ranks, shut_down
 from streamnccl import _C
@@ -212,3 +213,23 @@ def test_a_shrink_refuses_the_variable_that_would_share_the_old_communicators_ab
     for tensor in run_ranks(groups, refused_then_used):
         assert tensor.tolist() == [6.0] * 4
     shut_down(groups)
+
+
+def test_the_new_groups_pg_options_make_its_communicator():
+    # shrink_group's pg_options are the new group's: NCCL makes its communicator with their
+    # config (the old group's has none here).
+    groups = connect(fake_ranks(3))
+    new_settings = streamnccl.Options(config=streamnccl.NcclConfig(max_ctas=8))
+
+    def shrink_with_options(rank, pg, gpu):
+        gpu.clear()
+        small = pg.shrink([2], SHRINK_DEFAULT, new_settings)
+        return small, _gather_ranks(small, gpu, value=10 + rank), gpu.calls()
+
+    results = _survivors(groups, shrink_with_options)
+    for rank, (_, gathered, calls) in enumerate(results):
+        assert gathered == [10, 11]
+        assert calls[0] == (
+            f"ncclCommShrink(C0, exclude=[2], config{{maxCTAs=8}}) -> C1 (rank {rank} of 2)"
+        ), calls
+    _end(groups, results)

@@ -8,6 +8,7 @@
 
 #include "core/Communicator.hpp"
 #include "core/Device.hpp"
+#include "core/Options.hpp"
 
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -55,9 +56,11 @@ class PathFactory {
   // with the reason where the communicator cannot receive from any source (NCCL cannot).
   virtual std::unique_ptr<Path> openAnySource(const c10::Device& device) = 0;
   // The factory for a subgroup of `ranks` (group ranks, sorted, this rank among them), whose
-  // connections meet through `store`. Collective over the members.
+  // connections meet through `store`, made with the subgroup's `options` (its timeout and
+  // NCCL config). Collective over the members.
   virtual std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                             const std::vector<int>& ranks) = 0;
+                                             const std::vector<int>& ranks,
+                                             const c10::intrusive_ptr<Options>& options) = 0;
 
   // What a group shrunk around some ranks starts with: the factory of its paths, and the
   // paths it made already from the old group's (by device).
@@ -68,14 +71,14 @@ class PathFactory {
   // The paths of this group without its ranks `excluded` (sorted), for `survivors` (the
   // others, sorted, this rank among them), whose connections meet through `store`. `opened`
   // are this group's paths opened so far; a factory may make the new group's paths from them
-  // (NCCL: ncclCommShrink), ending their ops in flight first when `abortInFlight`. Collective
-  // over the survivors only: the excluded take no part, they may be dead. By default, a fresh
-  // split among the survivors.
+  // (NCCL: ncclCommShrink), ending their ops in flight first when `abortInFlight`; with the
+  // new group's `options`. Collective over the survivors only: the excluded take no part, they
+  // may be dead. By default, a fresh split among the survivors.
   virtual Shrunk shrink(const c10::intrusive_ptr<c10d::Store>& store,
                         const std::vector<int>& survivors, const std::vector<int>& /*excluded*/,
                         const std::vector<std::pair<c10::Device, Path*>>& /*opened*/,
-                        bool /*abortInFlight*/) {
-    return Shrunk{split(store, survivors), {}};
+                        bool /*abortInFlight*/, const c10::intrusive_ptr<Options>& options) {
+    return Shrunk{split(store, survivors, options), {}};
   }
 };
 

@@ -241,7 +241,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
   }
   PathFactories factories;
   for (const auto& [type, factory] : factories_) {
-    factories.emplace(type, factory->split(store, ranks));
+    factories.emplace(type, factory->split(store, ranks, options));
   }
   // The subgroup's debug checks meet through its own store.
   auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),

@@ -173,27 +173,26 @@ std::unique_ptr<Path> CudaPathFactory::openAnySource(const c10::Device& /*device
 }
 
 std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const std::vector<int>& ranks) {
+                                                    const std::vector<int>& ranks,
+                                                    const c10::intrusive_ptr<Options>& options) {
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   TORCH_INTERNAL_ASSERT(me != ranks.end(), "streamnccl: split without this rank");
+  auto own = c10::make_intrusive<Options>(*options);
   // Its communicators are named as part of this group's (torch names the subgroup later).
-  auto options = c10::make_intrusive<Options>(*options_);
-  if (!options->group_name.empty()) {
-    options->group_name += " subgroup";
-  }
+  own->group_name = options_->group_name.empty() ? "" : options_->group_name + " subgroup";
   return std::make_unique<CudaPathFactory>(nccl_, cuda_, store,
                                            static_cast<int>(me - ranks.begin()),
-                                           static_cast<int>(ranks.size()), std::move(options));
+                                           static_cast<int>(ranks.size()), std::move(own));
 }
 
 PathFactory::Shrunk CudaPathFactory::shrink(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& survivors,
     const std::vector<int>& excluded, const std::vector<std::pair<c10::Device, Path*>>& opened,
-    bool abortInFlight) {
+    bool abortInFlight, const c10::intrusive_ptr<Options>& options) {
   const int newRank =
       static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
   const int newSize = static_cast<int>(survivors.size());
-  Shrunk shrunk{split(store, survivors), {}};
+  Shrunk shrunk{split(store, survivors, options), {}};
   std::map<std::string, std::pair<c10::Device, std::shared_ptr<NcclCommunicator>>> byKey;
   std::set<std::string> live;
   for (const auto& [device, path] : opened) {
@@ -205,7 +204,7 @@ PathFactory::Shrunk CudaPathFactory::shrink(
     }
   }
   const std::set<std::string> toShrink =
-      liveOnEverySurvivor(*store, newRank, newSize, live, options_->timeout);
+      liveOnEverySurvivor(*store, newRank, newSize, live, options->timeout);
   if (toShrink.empty()) {
     return shrunk;  // the survivors connect afresh when they first need to
   }
@@ -218,10 +217,10 @@ PathFactory::Shrunk CudaPathFactory::shrink(
   for (const std::string& key : toShrink) {
     const auto& [device, parent] = byKey.at(key);
     auto path = std::make_unique<Path>();
-    path->device = std::make_shared<CudaDevice>(cuda_, device, options_->useHighPriorityStreams());
-    path->communicator =
-        parent->shrunk(excluded, abortInFlight, newRank, newSize,
-                       rankName(newRank, newSize, device) + "]", options_->timeout, store);
+    path->device = std::make_shared<CudaDevice>(cuda_, device, options->useHighPriorityStreams());
+    path->communicator = parent->shrunk(excluded, abortInFlight, newRank, newSize,
+                                        rankName(newRank, newSize, device) + "]", options->timeout,
+                                        options->ncclConfig, store);
     shrunk.paths.emplace_back(device, std::move(path));
   }
   return shrunk;

@@ -28,17 +28,19 @@ class CudaPathFactory final : public PathFactory {
   PeerLanes openPeer(const c10::Device& device, int peer) override;
   // Refused: NCCL has no receive from any source.
   std::unique_ptr<Path> openAnySource(const c10::Device& device) override;
-  // A fresh factory over the subgroup's store: its communicators are made from scratch.
+  // A fresh factory over the subgroup's store and with its options: its communicators are
+  // made from scratch.
   std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                     const std::vector<int>& ranks) override;
+                                     const std::vector<int>& ranks,
+                                     const c10::intrusive_ptr<Options>& options) override;
   // The survivors' factory, and their communicators shrunk from this group's (ncclCommShrink,
   // NCCL 2.27+) where every survivor still has that communicator live; the others are made
   // afresh when first used. Refused at the call with an older NCCL, where there is one to
   // shrink.
   Shrunk shrink(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& survivors,
                 const std::vector<int>& excluded,
-                const std::vector<std::pair<c10::Device, Path*>>& opened,
-                bool abortInFlight) override;
+                const std::vector<std::pair<c10::Device, Path*>>& opened, bool abortInFlight,
+                const c10::intrusive_ptr<Options>& options) override;
 
  private:
   const std::shared_ptr<NcclApi> nccl_;

@@ -158,7 +158,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
     const std::vector<int>& excluded, bool abortInFlight, int groupRank, int groupSize,
-    std::string who, std::chrono::milliseconds timeout,
+    std::string who, std::chrono::milliseconds timeout, Options::NcclConfig config,
     c10::intrusive_ptr<c10d::Store> store) const {
   TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator shrinks");
   // Named after its parent, which every survivor shares: the order ranks close it in.
@@ -166,11 +166,11 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
   std::string name = name_.empty() ? "" : name_ + " shrunk-" + c10::Join("-", excluded);
   auto connection = NcclConnection::shrink(
       NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, groupSize, groupRank, false,
-                               key, who, timeout, config_, name},
+                               key, who, timeout, config, name},
       NcclConnection::ShrinkOf{connection_, excluded, abortInFlight, kShrinkFailedKey});
   return std::shared_ptr<NcclCommunicator>(
       new NcclCommunicator(nccl_, cuda_, device_, std::move(who), std::move(key),
-                           std::move(connection), config_, std::move(name)));
+                           std::move(connection), std::move(config), std::move(name)));
 }
 
 NcclCommunicator::~NcclCommunicator() { connection_->abandon(); }

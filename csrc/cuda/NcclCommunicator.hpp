@@ -49,10 +49,12 @@ class NcclCommunicator final : public Communicator {
   // (sorted) from it (ncclCommShrink), in which this rank is `groupRank` of `groupSize`; with
   // `abortInFlight`, this one's operations in flight end first. Only of a communicator over
   // the whole group; every survivor makes it at once, as with NCCL.
-  // `store` is the survivors' own for this shrink, where one that gives up says why.
+  // `store` is the survivors' own for this shrink, where one that gives up says why; `timeout`
+  // and `config` are the new group's.
   std::shared_ptr<NcclCommunicator> shrunk(const std::vector<int>& excluded, bool abortInFlight,
                                            int groupRank, int groupSize, std::string who,
                                            std::chrono::milliseconds timeout,
+                                           Options::NcclConfig config,
                                            c10::intrusive_ptr<c10d::Store> store) const;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;

@@ -59,12 +59,20 @@ const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
 
 }  // namespace
 
-HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag)
-    : gloo_(std::move(gloo)), tag_(tag) {}
+HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag,
+                                   std::shared_ptr<LazyGloo> opened)
+    : gloo_(std::move(gloo)), tag_(tag), opened_(std::move(opened)) {}
+
+void HostCommunicator::prepare(std::optional<int> peer) {
+  refuseIfAborted();
+  if (opened_) {
+    opened_->awaitOpen(peer, [this] { return aborted_.load(); });
+  }
+}
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
                                  const ReduceOp& op, c10::Stream /*stream: the calling thread*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
@@ -73,7 +81,7 @@ void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -82,7 +90,7 @@ void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
                                  c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
@@ -91,7 +99,7 @@ void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& outp
 
 void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                               int root, c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
                                                            : copyToScratch(input)};
@@ -103,7 +111,7 @@ void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
                                      const ReduceOp& op, c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
   c10d::ReduceScatterOptions opts;
@@ -114,7 +122,7 @@ void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
 void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
                                 const std::vector<int64_t>& inSplits,
                                 const std::vector<int64_t>& outSplits, c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   // Gloo takes its arguments by reference, as c10d's Backend declares them. Even splits go as
   // none: Gloo then takes its all-to-all of equal blocks, faster than the one of any blocks.
   at::Tensor in = input;
@@ -136,19 +144,19 @@ void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& outpu
 // with the same tag in the order they were posted, and each stream posts in program order,
 // so one tag per concurrently running stream is enough.
 void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(peer);
   std::vector<at::Tensor> tensors{input};
   complete(unobserved([&] { return gloo_->send(tensors, peer, tag_); }));
 }
 
 void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(peer);
   std::vector<at::Tensor> tensors{output};
   complete(unobserved([&] { return gloo_->recv(tensors, peer, tag_); }));
 }
 
 int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*stream*/) {
-  refuseIfAborted();
+  prepare(std::nullopt);
   TORCH_INTERNAL_ASSERT(groupDepth_ == 0, "streamnccl: a recv from any source inside a group");
   std::vector<at::Tensor> tensors{output};
   auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "core/Communicator.hpp"
+#include "host/LazyGloo.hpp"
 
 #include <atomic>
 
@@ -16,8 +17,10 @@ class HostCommunicator final : public Communicator {
  public:
   // `tag`: the Gloo tag of this communicator's sends and recvs. Communicators whose streams
   // run concurrently (the group's and its peer lanes) must not share one, or Gloo could
-  // match a message with a recv posted by another stream.
-  HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag);
+  // match a message with a recv posted by another stream. `opened`: where each op first waits
+  // for the ranks it exchanges with to have opened Gloo (null: they all have).
+  HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag,
+                   std::shared_ptr<LazyGloo> opened = nullptr);
 
   bool supportsAvg(at::ScalarType) const override { return false; }        // Gloo has no AVG
   bool supportsPreMulSum(at::ScalarType) const override { return false; }  // nor PREMUL_SUM
@@ -50,6 +53,9 @@ class HostCommunicator final : public Communicator {
   // Outside a group a Gloo op is waited on at once; inside one, at the outermost groupEnd().
   void complete(c10::intrusive_ptr<c10d::Work> work);
   void refuseIfAborted() const;
+  // Refuses after abort(), then waits for `peer` (every member, when nullopt) to have opened
+  // Gloo.
+  void prepare(std::optional<int> peer);
   // A copy of `input` that Gloo may overwrite (a non-root rank's reduce), in a buffer kept for
   // the next one: a fresh allocation of a large buffer costs more than the copy itself.
   at::Tensor copyToScratch(const at::Tensor& input);
@@ -57,6 +63,7 @@ class HostCommunicator final : public Communicator {
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   const int tag_;
+  const std::shared_ptr<LazyGloo> opened_;
   std::atomic<bool> aborted_{false};
   // Touched only by the host stream's executor, one task at a time.
   int groupDepth_ = 0;

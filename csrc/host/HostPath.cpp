@@ -3,9 +3,6 @@
 #include "host/HostCommunicator.hpp"
 #include "host/HostDevice.hpp"
 
-#include <c10/util/StringUtil.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 namespace streamnccl {
 namespace {
 
@@ -13,15 +10,13 @@ namespace {
 // one only sends to the peer, the other only receives from it.
 constexpr int kGroupTag = 0;
 constexpr int kLaneTag = 1;
-// Where a subgroup's Gloo meets, under the subgroup's store (as python/streamnccl does).
-constexpr const char* kGlooStorePrefix = "streamnccl/gloo/";
 
-std::unique_ptr<Path> hostPath(const c10::Device& device,
-                               const c10::intrusive_ptr<c10d::Backend>& gloo, int tag) {
+std::unique_ptr<Path> hostPath(const c10::Device& device, const std::shared_ptr<LazyGloo>& gloo,
+                               int tag) {
   TORCH_CHECK(device.is_cpu(), "the host path serves cpu tensors, not ", device);
   auto path = std::make_unique<Path>();
   path->device = std::make_shared<HostDevice>();
-  path->communicator = std::make_shared<HostCommunicator>(gloo, tag);
+  path->communicator = std::make_shared<HostCommunicator>(gloo->get(), tag, gloo);
   return path;
 }
 
@@ -32,8 +27,8 @@ std::unique_ptr<Path> HostPathFactory::open(const c10::Device& device) {
 }
 
 PeerLanes HostPathFactory::openPeer(const c10::Device& device, int peer) {
-  const int rank = gloo_->getRank();
   PeerLanes lanes{hostPath(device, gloo_, kLaneTag), hostPath(device, gloo_, kLaneTag)};
+  const int rank = gloo_->get()->getRank();
   lanes.sends->description = "lane " + std::to_string(rank) + "->" + std::to_string(peer);
   lanes.receives->description = "lane " + std::to_string(peer) + "->" + std::to_string(rank);
   return lanes;
@@ -45,12 +40,9 @@ std::unique_ptr<Path> HostPathFactory::openAnySource(const c10::Device& device) 
 }
 
 std::unique_ptr<PathFactory> HostPathFactory::split(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const std::vector<int>& ranks) {
-  // Gloo splits itself; its keys stay apart from ours, as at the group's creation.
-  auto glooStore = c10::make_intrusive<c10d::PrefixStore>(kGlooStorePrefix, store);
-  auto subgroup = gloo_->split(glooStore, ranks, gloo_->getBackendOptions());
-  TORCH_CHECK(subgroup, "streamnccl: Gloo did not split for ranks ", c10::Join(", ", ranks));
-  return std::make_unique<HostPathFactory>(std::move(subgroup));
+                                                    const std::vector<int>& ranks,
+                                                    const c10::intrusive_ptr<Options>& options) {
+  return std::make_unique<HostPathFactory>(gloo_->split(store, ranks, options->timeout));
 }
 
 }  // namespace streamnccl

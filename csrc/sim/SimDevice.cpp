@@ -103,7 +103,8 @@ std::unique_ptr<Path> SimPathFactory::openAnySource(const c10::Device& device) {
 }
 
 std::unique_ptr<PathFactory> SimPathFactory::split(const c10::intrusive_ptr<c10d::Store>&,
-                                                   const std::vector<int>&) {
+                                                   const std::vector<int>&,
+                                                   const c10::intrusive_ptr<Options>&) {
   TORCH_CHECK(false, "streamnccl sim: a simulated group cannot be split");
 }
 

@@ -59,7 +59,8 @@ class SimPathFactory final : public PathFactory {
   PeerLanes openPeer(const c10::Device& device, int peer) override;
   std::unique_ptr<Path> openAnySource(const c10::Device& device) override;
   std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                     const std::vector<int>& ranks) override;
+                                     const std::vector<int>& ranks,
+                                     const c10::intrusive_ptr<Options>& options) override;
 
  private:
   std::unique_ptr<Path> path(int tag);

@@ -1,4 +1,6 @@
+from collections.abc import Callable
 from datetime import timedelta
+from typing import overload
 
 import torch
 import torch.distributed as dist
@@ -51,6 +53,19 @@ class Options(dist.Backend.Options):
     def resolved(self) -> Options: ...
 
 class ProcessGroup(dist.Backend):
+    @overload
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        options: Options,
+        *,
+        open_gloo: Callable[[dist.Store, int, int, timedelta], dist.Backend],
+        group_name: str = "",
+    ) -> None: ...
+    @overload
     def __init__(
         self,
         store: dist.Store,
@@ -66,6 +81,9 @@ class ProcessGroup(dist.Backend):
     def _set_global_ranks(self, global_ranks: list[int]) -> None: ...
     def _stats(self) -> dict[str, dict[str, int | float]]: ...
     def _reset_stats(self) -> None: ...
+    def _split(
+        self, store: dist.Store, ranks: list[int], options: Options | None = None
+    ) -> ProcessGroup | None: ...
 
 def _build_info() -> dict: ...
 def _dump_flight_recorder() -> bytes: ...

@@ -29,9 +29,6 @@ __all__ = [
 ]
 __version__ = _C._build_info()["version"]
 
-# Gloo carries the host path; its keys live under the group's store prefix, apart from ours.
-_GLOO_STORE_PREFIX = "streamnccl/gloo/"
-
 
 def info() -> dict:
     """Versions and compiled paths of this installation."""
@@ -68,19 +65,20 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is not None:
         store = dist.PrefixStore(f"streamnccl/attempt/{attempt}/", store)
-    gloo = dist.ProcessGroupGloo(
-        dist.PrefixStore(_GLOO_STORE_PREFIX, store), rank, size, _gloo_options(timeout)
-    )
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
     if len(global_ranks) != size:
         global_ranks = list(range(size))
-    # As torch does for its own gloo groups: Gloo's split (split_group, shrink_group) reads
-    # the parent's global ranks, and crashes on a subgroup that was never told them.
-    gloo.options.global_ranks_in_group = global_ranks
+
+    def open_gloo(gloo_store, gloo_rank, gloo_size, gloo_timeout) -> "dist.ProcessGroupGloo":
+        """The host path's Gloo for this group or a subgroup split from it, which each makes at
+        its first CPU op (never, for a group used only for CUDA tensors)."""
+        return dist.ProcessGroupGloo(gloo_store, gloo_rank, gloo_size, _gloo_options(gloo_timeout))
+
     # group_id is torch's name for the group ("0", "1", ...): NCCL's logs name it so.
     group = ProcessGroup(
-        store, rank, size, timeout, pg_options, gloo, group_name=dist_backend_opts.group_id
-    )
+        store, rank, size, timeout, pg_options,
+        open_gloo=open_gloo, group_name=dist_backend_opts.group_id,
+    )  # fmt: skip
     group._set_global_ranks(global_ranks)
     return group
 
@@ -88,14 +86,18 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
 def _gloo_options(timeout: timedelta) -> "dist.ProcessGroupGloo._Options":
     """Gloo's options as torch makes them for a gloo group (its devices from GLOO_SOCKET_IFNAME,
     else the default), but one worker thread per device instead of two: the group runs its
-    collectives one at a time, in program order, so Gloo's second thread would only wait."""
+    collectives one at a time, in program order, so Gloo's second thread would only wait. Its
+    devices connect a pair of ranks at their first exchange (lazy_init): Gloo is opened at each
+    member's first CPU op, and a first send must not wait for members that never make one."""
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
     interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
     if interfaces:
-        options._devices = [dist.ProcessGroupGloo.create_device(interface=i) for i in interfaces]
+        options._devices = [
+            dist.ProcessGroupGloo.create_device(interface=i, lazy_init=True) for i in interfaces
+        ]
     else:
-        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        options._devices = [dist.ProcessGroupGloo.create_default_device(lazy_init=True)]
     options._threads = len(options._devices)
     return options
 
