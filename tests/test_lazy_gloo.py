@@ -103,6 +103,48 @@ def test_a_first_send_to_a_late_peer_holds_up_no_other_exchange(rank_pools, worl
     assert results == [[3.0, 3.0], None, [5.0, 5.0]]
 
 
+def _a_batch_posts_each_call_once_its_own_peer_is_there(ctx):
+    # As above, inside one batch_isend_irecv: the recv from rank 1 must not wait behind the
+    # send to rank 2 (Gloo's send waits for the matching recv, so rank 1 would never finish).
+    group = dist.new_group(backend="streamnccl")
+    world = torch.ones(2)
+    if ctx.rank == 0:
+        inbox = torch.zeros(2)
+        works = dist.batch_isend_irecv(
+            [
+                dist.P2POp(dist.isend, torch.full((2,), 5.0), 2, group),
+                dist.P2POp(dist.irecv, inbox, 1, group),
+            ]
+        )
+        dist.all_reduce(world)
+        for work in works:
+            work.wait()
+        received = inbox
+    elif ctx.rank == 1:
+        # Batched too: a batch runs on the group's stream, apart from the lanes of plain sends.
+        for work in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, torch.full((2,), 3.0), 0, group)]
+        ):
+            work.wait()
+        dist.all_reduce(world)
+        received = None
+    else:
+        dist.all_reduce(world)
+        received = torch.zeros(2)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, received, 0, group)]):
+            work.wait()
+    dist.destroy_process_group(group)
+    return None if received is None else received.tolist()
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_a_batch_posts_each_call_once_its_own_peer_is_there(rank_pools, world_size):
+    results = rank_pools(world_size).run(
+        _a_batch_posts_each_call_once_its_own_peer_is_there, timeout=30
+    )
+    assert results == [[3.0, 3.0], None, [5.0, 5.0]]
+
+
 def _a_collective_waiting_for_a_late_member_holds_up_no_lane(ctx):
     # The same for an async collective: it waits for rank 2 on the group's stream, and rank
     # 0's recv from rank 1 goes on meanwhile.

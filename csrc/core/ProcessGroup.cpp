@@ -9,8 +9,10 @@
 
 #include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 #include <unordered_set>
@@ -239,14 +241,22 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
   if (opts) {
     options->timeout = opts->timeout;
   }
+  // torch makes a subgroup's store from its own, which a restarted torchelastic worker shares
+  // with the attempt before: as python/streamnccl does for every group it creates, each
+  // attempt keeps to keys of its own (a dead worker's Gloo address or NCCL unique id).
+  c10::intrusive_ptr<c10d::Store> ours = store;
+  if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) {
+    ours = c10::make_intrusive<c10d::PrefixStore>(
+        std::string("streamnccl/attempt/") + attempt + "/", store);
+  }
   PathFactories factories;
   for (const auto& [type, factory] : factories_) {
-    factories.emplace(type, factory->split(store, ranks, options));
+    factories.emplace(type, factory->split(ours, ranks, options));
   }
   // The subgroup's debug checks meet through its own store.
   auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),
                                                  static_cast<int>(ranks.size()), options,
-                                                 std::move(factories), store);
+                                                 std::move(factories), ours);
   std::vector<int> globalRanks;
   for (const int rank : ranks) {
     globalRanks.push_back(globalRanks_.at(rank));

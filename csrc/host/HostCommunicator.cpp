@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <set>
+#include <thread>
 
 namespace streamnccl {
 
@@ -63,66 +65,81 @@ HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int t
                                    std::shared_ptr<LazyGloo> opened)
     : gloo_(std::move(gloo)), tag_(tag), opened_(std::move(opened)) {}
 
-void HostCommunicator::prepare(std::optional<int> peer) {
-  refuseIfAborted();
+template <typename Post>
+void HostCommunicator::issue(std::optional<int> peer, Post post) {
+  if (groupDepth_ > 0) {
+    // Posted at the group's end, each as soon as its peers have opened Gloo (postGrouped).
+    grouped_.push_back(Grouped{peer, std::move(post)});
+    return;
+  }
   if (opened_) {
     opened_->awaitOpen(peer, [this] { return aborted_.load(); });
   }
+  post()->wait();
 }
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
                                  const ReduceOp& op, c10::Stream /*stream: the calling thread*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
-  complete(unobserved([&] { return gloo_->allreduce(tensors, opts); }));
+  issue(std::nullopt, [=, this]() mutable {
+    return unobserved([&] { return gloo_->allreduce(tensors, opts); });
+  });
 }
 
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream /*stream*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  complete(unobserved([&] { return gloo_->broadcast(tensors, opts); }));
+  issue(std::nullopt, [=, this]() mutable {
+    return unobserved([&] { return gloo_->broadcast(tensors, opts); });
+  });
 }
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
                                  c10::Stream /*stream*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
-  complete(unobserved([&] { return gloo_->_allgather_base(out, in); }));
+  issue(std::nullopt, [=, this]() mutable {
+    return unobserved([&] { return gloo_->_allgather_base(out, in); });
+  });
 }
 
 void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                               int root, c10::Stream /*stream*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
   std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
                                                            : copyToScratch(input)};
   c10d::ReduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
-  complete(unobserved([&] { return gloo_->reduce(tensors, opts); }));
+  issue(std::nullopt,
+        [=, this]() mutable { return unobserved([&] { return gloo_->reduce(tensors, opts); }); });
 }
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
                                      const ReduceOp& op, c10::Stream /*stream*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = toGloo(op.kind);
-  complete(unobserved([&] { return gloo_->_reduce_scatter_base(out, in, opts); }));
+  issue(std::nullopt, [=, this]() mutable {
+    return unobserved([&] { return gloo_->_reduce_scatter_base(out, in, opts); });
+  });
 }
 
 void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
                                 const std::vector<int64_t>& inSplits,
                                 const std::vector<int64_t>& outSplits, c10::Stream /*stream*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   // Gloo takes its arguments by reference, as c10d's Backend declares them. Even splits go as
   // none: Gloo then takes its all-to-all of equal blocks, faster than the one of any blocks.
   at::Tensor in = input;
@@ -136,28 +153,37 @@ void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& outpu
     inBytes = inSplits;
     outBytes = outSplits;
   }
-  complete(unobserved(
-      [&] { return gloo_->alltoall_base(out, in, outBytes, inBytes, c10d::AllToAllOptions()); }));
+  issue(std::nullopt, [=, this]() mutable {
+    return unobserved(
+        [&] { return gloo_->alltoall_base(out, in, outBytes, inBytes, c10d::AllToAllOptions()); });
+  });
 }
 
 // User tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks
 // with the same tag in the order they were posted, and each stream posts in program order,
 // so one tag per concurrently running stream is enough.
 void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
-  prepare(peer);
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{input};
-  complete(unobserved([&] { return gloo_->send(tensors, peer, tag_); }));
+  issue(peer, [=, this]() mutable {
+    return unobserved([&] { return gloo_->send(tensors, peer, tag_); });
+  });
 }
 
 void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
-  prepare(peer);
+  refuseIfAborted();
   std::vector<at::Tensor> tensors{output};
-  complete(unobserved([&] { return gloo_->recv(tensors, peer, tag_); }));
+  issue(peer, [=, this]() mutable {
+    return unobserved([&] { return gloo_->recv(tensors, peer, tag_); });
+  });
 }
 
 int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*stream*/) {
-  prepare(std::nullopt);
+  refuseIfAborted();
   TORCH_INTERNAL_ASSERT(groupDepth_ == 0, "streamnccl: a recv from any source inside a group");
+  if (opened_) {  // Gloo connects to every member for it
+    opened_->awaitOpen(std::nullopt, [this] { return aborted_.load(); });
+  }
   std::vector<at::Tensor> tensors{output};
   auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
   work->wait();
@@ -191,18 +217,69 @@ void HostCommunicator::groupEnd() {
   if (--groupDepth_ > 0) {
     return;
   }
-  auto grouped = std::move(grouped_);
-  grouped_.clear();
-  for (auto& work : grouped) {
-    work->wait();
+  auto grouped = std::exchange(grouped_, {});
+  std::vector<c10::intrusive_ptr<c10d::Work>> posted;
+  // Whatever happens, what was posted is waited for: Gloo still uses its buffers.
+  auto waitPosted = [&posted] {
+    for (auto& work : posted) {
+      work->wait();
+    }
+  };
+  try {
+    postGrouped(grouped, posted);
+  } catch (...) {
+    for (auto& work : posted) {
+      try {
+        work->wait();
+      } catch (...) {  // the first failure is the one to report
+      }
+    }
+    throw;
   }
+  waitPosted();
 }
 
-void HostCommunicator::complete(c10::intrusive_ptr<c10d::Work> work) {
-  if (groupDepth_ > 0) {
-    grouped_.push_back(std::move(work));
-  } else {
-    work->wait();
+void HostCommunicator::postGrouped(std::vector<Grouped>& grouped,
+                                   std::vector<c10::intrusive_ptr<c10d::Work>>& posted) {
+  if (!opened_) {
+    for (auto& call : grouped) {
+      posted.push_back(call.post());
+    }
+    return;
+  }
+  // Each call is posted once the ranks it exchanges with have opened Gloo, so that a late
+  // peer holds up its own calls alone (in a group they may progress in any order): calls to
+  // one peer keep their order, and so do collectives among themselves.
+  const auto deadline = opened_->deadlineFromNow();
+  auto pause = std::chrono::microseconds(200);
+  while (!grouped.empty()) {
+    std::set<int> heldPeers;
+    bool collectiveHeld = false;
+    bool progressed = false;
+    std::vector<Grouped> later;
+    for (auto& call : grouped) {
+      const bool held = call.peer ? heldPeers.count(*call.peer) > 0 : collectiveHeld;
+      if (!held && opened_->isOpen(call.peer)) {
+        posted.push_back(call.post());
+        progressed = true;
+        continue;
+      }
+      if (call.peer) {
+        heldPeers.insert(*call.peer);
+      } else {
+        collectiveHeld = true;
+      }
+      later.push_back(std::move(call));
+    }
+    grouped = std::move(later);
+    if (grouped.empty() || progressed) {
+      pause = std::chrono::microseconds(200);
+      continue;
+    }
+    refuseIfAborted();
+    opened_->raiseIfPast(deadline, grouped.front().peer);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
 }
 

@@ -4,6 +4,8 @@
 #include "host/LazyGloo.hpp"
 
 #include <atomic>
+#include <functional>
+#include <optional>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -50,12 +52,20 @@ class HostCommunicator final : public Communicator {
   std::string asyncError() override { return {}; }
 
  private:
-  // Outside a group a Gloo op is waited on at once; inside one, at the outermost groupEnd().
-  void complete(c10::intrusive_ptr<c10d::Work> work);
+  // A Gloo call, and the rank it exchanges with (nullopt: every member).
+  struct Grouped {
+    std::optional<int> peer;
+    std::function<c10::intrusive_ptr<c10d::Work>()> post;
+  };
+  // Outside a group, posts the Gloo call once `peer` (every member, when nullopt) has opened
+  // Gloo, and waits for it; inside one, keeps it for the outermost groupEnd().
+  template <typename Post>
+  void issue(std::optional<int> peer, Post post);
+  // Posts the group's calls, each once its peers have opened Gloo; raises at the group's
+  // timeout or abort(). `posted`: what was posted, for the caller to wait for.
+  void postGrouped(std::vector<Grouped>& grouped,
+                   std::vector<c10::intrusive_ptr<c10d::Work>>& posted);
   void refuseIfAborted() const;
-  // Refuses after abort(), then waits for `peer` (every member, when nullopt) to have opened
-  // Gloo.
-  void prepare(std::optional<int> peer);
   // A copy of `input` that Gloo may overwrite (a non-root rank's reduce), in a buffer kept for
   // the next one: a fresh allocation of a large buffer costs more than the copy itself.
   at::Tensor copyToScratch(const at::Tensor& input);
@@ -67,7 +77,7 @@ class HostCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   // Touched only by the host stream's executor, one task at a time.
   int groupDepth_ = 0;
-  std::vector<c10::intrusive_ptr<c10d::Work>> grouped_;
+  std::vector<Grouped> grouped_;
   at::Tensor scratch_;  // bytes, for copyToScratch()
 };
 

@@ -66,39 +66,74 @@ c10::intrusive_ptr<c10d::Backend> LazyGloo::get() {
   return gloo_;
 }
 
-void LazyGloo::awaitOpen(std::optional<int> peer, const std::function<bool()>& aborted) {
-  if (allSeenOpen_.load(std::memory_order_acquire)) {
-    return;
+bool LazyGloo::isOpen(std::optional<int> peer) {
+  if (allSeenOpen_.load(std::memory_order_acquire) ||
+      (peer && seenOpen_[*peer].load(std::memory_order_acquire))) {
+    return true;
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  auto pause = std::chrono::microseconds(200);
-  bool all = true;
+  std::vector<int> unseen;
   for (int member = 0; member < size_; ++member) {
-    if (seenOpen_[member].load(std::memory_order_acquire)) {
-      continue;
+    if ((!peer || member == *peer) && !seenOpen_[member].load(std::memory_order_acquire)) {
+      unseen.push_back(member);
     }
-    if (peer && member != *peer) {
-      all = false;
-      continue;
-    }
-    // Polled rather than a blocking wait, so that abort() and the deadline end it.
-    while (!store_->check({openedKey(member)})) {
-      if (aborted()) {
-        throwDistBackendError("the host communicator was aborted");
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        throwDistBackendError("rank " + std::to_string(member) +
-                              " did not open the group's host path (its first CPU op on the "
-                              "group) within " +
-                              std::to_string(timeout_.count()) + " ms");
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(20000));
-    }
+  }
+  if (unseen.empty()) {
+    allSeenOpen_.store(true, std::memory_order_release);
+    return true;
+  }
+  std::vector<std::string> keys;
+  for (const int member : unseen) {
+    keys.push_back(openedKey(member));
+  }
+  if (!store_->check(keys)) {  // one round trip for all of them
+    return false;
+  }
+  for (const int member : unseen) {
     seenOpen_[member].store(true, std::memory_order_release);
   }
-  if (all) {
+  if (!peer) {
     allSeenOpen_.store(true, std::memory_order_release);
+  }
+  return true;
+}
+
+std::chrono::steady_clock::time_point LazyGloo::deadlineFromNow() const {
+  const auto now = std::chrono::steady_clock::now();
+  const auto left = std::chrono::steady_clock::time_point::max() - now;
+  return timeout_ < left ? now + timeout_ : std::chrono::steady_clock::time_point::max();
+}
+
+void LazyGloo::raiseIfPast(std::chrono::steady_clock::time_point deadline,
+                           std::optional<int> peer) {
+  if (std::chrono::steady_clock::now() <= deadline) {
+    return;
+  }
+  std::string missing;
+  for (int member = 0; member < size_; ++member) {
+    if ((!peer || member == *peer) && !store_->check({openedKey(member)})) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(member);
+    }
+  }
+  throwDistBackendError("rank(s) " + missing +
+                        " did not open the group's host path (their first CPU op on the group) "
+                        "within " +
+                        std::to_string(timeout_.count()) + " ms");
+}
+
+void LazyGloo::awaitOpen(std::optional<int> peer, const std::function<bool()>& aborted) {
+  if (isOpen(peer)) {
+    return;
+  }
+  const auto deadline = deadlineFromNow();
+  auto pause = std::chrono::microseconds(200);
+  // Polled rather than a blocking wait, so that abort() and the deadline end it.
+  while (!isOpen(peer)) {
+    if (aborted()) {
+      throwDistBackendError("the host communicator was aborted");
+    }
+    raiseIfPast(deadline, peer);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
 }
 

@@ -21,6 +21,8 @@ namespace streamnccl {
 // exchanges on this rank meanwhile (a recv from a peer that is there, behind a send to one
 // that is not yet). So every op first waits, holding nothing, until the ranks it exchanges
 // with have opened theirs (awaitOpen), as the eager full mesh at the group's making ensured.
+// get() takes the GIL (through the callable) while it holds this object's lock: call it only
+// without the GIL, as every op does (torch's bindings release it).
 class LazyGloo {
  public:
   // Makes a group's Gloo backend, meeting its other members in `store`. python/streamnccl
@@ -41,6 +43,12 @@ class LazyGloo {
   // Returns once `peer` (every other member, when nullopt) has opened its Gloo; raises a
   // DistBackendError after the group's timeout, or once `aborted()` says so.
   void awaitOpen(std::optional<int> peer, const std::function<bool()>& aborted);
+  // Whether `peer` (every member, when nullopt) has opened its Gloo, asked of the Store once.
+  bool isOpen(std::optional<int> peer);
+  // The group's timeout from now, and the DistBackendError naming who has not opened theirs
+  // once it has passed.
+  std::chrono::steady_clock::time_point deadlineFromNow() const;
+  void raiseIfPast(std::chrono::steady_clock::time_point deadline, std::optional<int> peer);
   // The subgroup of `ranks` (this group's, this rank among them), meeting in `store`, with
   // `timeout`: made afresh by `open` when deferred, at its own first use; else Gloo's own
   // split, now.
