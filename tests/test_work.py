@@ -98,6 +98,10 @@ def _is_completed_does_not_block_and_wait_timeout_raises(ctx):
     # would (the ranks are no longer known to be in step): the op fails from then on, and so
     # does every later call on the group. Other groups go on.
     group = dist.new_group(backend="streamnccl")
+    # Every rank opens the group's host path (Gloo, made at the first CPU op) first, so that
+    # the ops below go straight into Gloo; one still waiting for a late rank to open would be
+    # ended by the group breaking, outside Gloo.
+    dist.all_reduce(torch.zeros(1), group=group)
     late = ctx.world_size - 1
     x = torch.full((5,), float(ctx.rank))
     if ctx.rank == late:
