@@ -379,6 +379,11 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("check_inflight_writes", &Options::checkInflightWrites)
       .def_readwrite("config", &Options::ncclConfig,
                      "NCCL's configuration of the group's communicators (a NcclConfig)")
+      .def("__copy__", [](const Options& self) { return c10::make_intrusive<Options>(self); })
+      .def(
+          "__deepcopy__",
+          [](const Options& self, const py::dict&) { return c10::make_intrusive<Options>(self); },
+          py::arg("memo"))
       .def(
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
@@ -406,6 +411,11 @@ PYBIND11_MODULE(_C, m) {
            py::arg("options"), py::arg("gloo"), py::arg("group_name") = "",
            "A group whose host path runs on `gloo`, made already.")
       .def_property_readonly("streamnccl_options", &ProcessGroup::options)
+      // As ProcessGroupNCCL's: dist.split_group without pg_options deep-copies it.
+      .def_property_readonly(
+          "options",
+          [](const ProcessGroup& self) { return c10::make_intrusive<Options>(*self.options()); },
+          "A copy of the group's settings.")
       .def("_set_global_ranks", &ProcessGroup::setGlobalRanks, py::arg("global_ranks"),
            "The global rank of each member, which the flight recorder's dump names.")
       .def("_stats",
@@ -413,7 +423,8 @@ PYBIND11_MODULE(_C, m) {
              return torch::jit::toPyObject(c10::IValue(self.statsSnapshot()));
            })
       .def("_reset_stats", &ProcessGroup::resetStats)
-      // Test-only: what torch's split_group asks of a member (`options`: its pg_options).
+      // What torch's split_group asks of every rank of this group (`options`: its pg_options),
+      // and what python/streamnccl asks of the members of a subgroup made with new_group.
       .def(
           "_split",
           [](ProcessGroup& self, const c10::intrusive_ptr<c10d::Store>& store,
@@ -422,11 +433,10 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("store"), py::arg("ranks"), py::arg("options") = nullptr,
           py::call_guard<py::gil_scoped_release>())
-      // torch calls this on a group's non-members when a bound group splits; it is how NCCL
-      // backends take part in ncclCommSplit. streamnccl makes a subgroup's communicators from
-      // scratch, among its members only, so there is nothing to do.
-      .def(
-          "perform_nocolor_split", [](ProcessGroup&, const c10::Device&) {}, py::arg("device"));
+      // torch calls this on the ranks outside a subgroup that new_group makes while the default
+      // group is bound to a device: their part in splitting this group's communicator.
+      .def("perform_nocolor_split", &ProcessGroup::performNocolorSplit, py::arg("device"),
+           py::call_guard<py::gil_scoped_release>());
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
   m.def(

@@ -57,10 +57,11 @@ def fake_group(rank=0, size=3, timeout=timedelta(seconds=10), store=None, world=
     )
 
 
-def fake_ranks(size, timeout=timedelta(seconds=20), world=None, **settings):
-    """`size` fake groups meeting in one world, as [(pg, gpu)] in rank order."""
+def fake_ranks(size, timeout=timedelta(seconds=20), world=None, store=None, **settings):
+    """`size` fake groups meeting in one world, and in one `store`, as [(pg, gpu)] in rank
+    order."""
     world = world or fake_world()
-    store = dist.HashStore()
+    store = store or dist.HashStore()
     return [
         fake_group(rank=r, size=size, store=store, world=world, timeout=timeout, **settings)
         for r in range(size)

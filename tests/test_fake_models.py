@@ -47,6 +47,9 @@ LOAD_BEARING = {
     "shrink": [
         "test_nccl_shrink.py::test_survivors_shrink_the_communicator_and_gather_among_themselves"
     ],
+    "split": [
+        "test_nccl_split.py::test_split_group_splits_the_parents_communicator_into_each_part"
+    ],
     "single_queue": [
         "test_nccl_lifecycle.py::test_with_one_hardware_queue_a_swap_times_out_naming_the_lanes"
     ],

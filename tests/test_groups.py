@@ -1,6 +1,7 @@
 """Subgroups through new_group and split, and the mixed backend strings "cpu:gloo,cuda:streamnccl"
 and "cpu:streamnccl,cuda:streamnccl"."""
 
+import copy
 from datetime import timedelta
 
 import pytest
@@ -68,7 +69,16 @@ def _split(ctx):
     world = dist.distributed_c10d._get_default_group()
     half = n // 2
     mine = list(range(half)) if me < half else list(range(half, n))
+    parent = world._get_backend(torch.device("cpu"))
+    parent_name = parent.streamnccl_options.group_name
     part = world.split_group(mine, timeout=timedelta(seconds=30), group_name=f"part{mine[0]}")
+    # torch names the subgroup in the options it asks the parent for: a copy, not the parent's
+    # own, which would then carry the subgroup's name and timeout.
+    assert parent.streamnccl_options.group_name == parent_name
+    # dist.split_group without pg_options deep-copies the parent's.
+    copied = copy.deepcopy(parent.options)
+    assert isinstance(copied, streamnccl.Options) and copied is not parent.streamnccl_options
+    assert copied.group_name == parent_name
     backend = part._get_backend(torch.device("cpu"))
     assert isinstance(backend, streamnccl.ProcessGroup)
     assert backend is part._get_backend(torch.device("cuda")), "one backend for both types"

@@ -142,7 +142,7 @@ def test_an_nccl_without_comm_shrink_is_refused_at_the_call():
 def test_a_remaining_rank_that_never_shrinks_fails_the_others_within_the_timeout():
     groups = connect(fake_ranks(3, timeout=timedelta(seconds=2)))
     pg, gpu = groups[0]
-    with pytest.raises(torch.distributed.DistBackendError, match="not every remaining rank"):
+    with pytest.raises(torch.distributed.DistBackendError, match="not every rank that takes part"):
         pg.shrink([2])
     assert [c for c in gpu.calls() if "ncclCommShrink" in c] == []
     shut_down(groups)
@@ -158,7 +158,7 @@ def test_a_survivor_that_gives_up_ends_the_others_shrink_and_a_second_shrink_wor
         gpu.clear()
         if rank == 0:
             gpu.fail_next("ncclCommShrink")
-        expected = "injected failure" if rank == 0 else "another survivor gave up.*injected"
+        expected = "injected failure" if rank == 0 else "another member gave up.*injected"
         with pytest.raises(torch.distributed.DistBackendError, match=expected):
             pg.shrink([2])
         first_calls = gpu.calls()

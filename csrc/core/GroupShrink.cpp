@@ -64,7 +64,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
     std::vector<std::pair<c10::Device, Path*>> ofType;
     std::copy_if(opened.begin(), opened.end(), std::back_inserter(ofType),
                  [type = type](const auto& entry) { return entry.first.type() == type; });
-    PathFactory::Shrunk shrunk =
+    PathFactory::Subgroup shrunk =
         factory->shrink(store, survivors, excluded, ofType, abortInFlight, options);
     factories.emplace(type, std::move(shrunk.factory));
     for (auto& entry : shrunk.paths) {

@@ -13,6 +13,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,23 +63,46 @@ class PathFactory {
                                              const std::vector<int>& ranks,
                                              const c10::intrusive_ptr<Options>& options) = 0;
 
-  // What a group shrunk around some ranks starts with: the factory of its paths, and the
-  // paths it made already from the old group's (by device).
-  struct Shrunk {
+  // What a subgroup, split or shrunk from this group, starts with: the factory of its paths,
+  // and the paths it made already from this group's (by device).
+  struct Subgroup {
     std::unique_ptr<PathFactory> factory;
     std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
   };
+  // A split of this group, as every rank of it sees it, members of the subgroup or not.
+  struct SplitOf {
+    // This split's own Store, which every rank of this group shares: where they agree what
+    // the subgroup is made from, and where one that gives up says why.
+    c10::intrusive_ptr<c10d::Store> store;
+    int rank = 0;  // this rank in this group
+    int size = 0;  // this group's ranks, all of which take part
+    // This group's paths opened so far.
+    std::vector<std::pair<c10::Device, Path*>> opened;
+    std::chrono::milliseconds timeout;  // for the agreement and whatever it makes
+  };
+  // The subgroup of `ranks` (as in split()), whose connections meet through `store`, with the
+  // subgroup's `options`. A factory may make its paths from this group's (NCCL: ncclCommSplit),
+  // in which every rank of this group takes part at once: the members here, the others through
+  // splitWithout(). By default a fresh split, made afresh at each path's first use.
+  virtual Subgroup splitOf(const c10::intrusive_ptr<c10d::Store>& store,
+                           const std::vector<int>& ranks,
+                           const c10::intrusive_ptr<Options>& options, const SplitOf& /*of*/) {
+    return Subgroup{split(store, ranks, options), {}};
+  }
+  // This rank's part in a split of this group into a subgroup it is not a member of.
+  virtual void splitWithout(const SplitOf& /*of*/) {}
+
   // The paths of this group without its ranks `excluded` (sorted), for `survivors` (the
   // others, sorted, this rank among them), whose connections meet through `store`. `opened`
   // are this group's paths opened so far; a factory may make the new group's paths from them
   // (NCCL: ncclCommShrink), ending their ops in flight first when `abortInFlight`; with the
   // new group's `options`. Collective over the survivors only: the excluded take no part, they
   // may be dead. By default, a fresh split among the survivors.
-  virtual Shrunk shrink(const c10::intrusive_ptr<c10d::Store>& store,
-                        const std::vector<int>& survivors, const std::vector<int>& /*excluded*/,
-                        const std::vector<std::pair<c10::Device, Path*>>& /*opened*/,
-                        bool /*abortInFlight*/, const c10::intrusive_ptr<Options>& options) {
-    return Shrunk{split(store, survivors, options), {}};
+  virtual Subgroup shrink(const c10::intrusive_ptr<c10d::Store>& store,
+                          const std::vector<int>& survivors, const std::vector<int>& /*excluded*/,
+                          const std::vector<std::pair<c10::Device, Path*>>& /*opened*/,
+                          bool /*abortInFlight*/, const c10::intrusive_ptr<Options>& options) {
+    return Subgroup{split(store, survivors, options), {}};
   }
 };
 

@@ -227,19 +227,24 @@ void ProcessGroup::adoptPath(const c10::Device& device, std::unique_ptr<Path> pa
 c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
-  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
-  if (me == ranks.end()) {
-    return nullptr;
-  }
   std::lock_guard<std::mutex> lock(splitMutex_);
   if (lastSplit_ && lastSplit_->store == store.get() && lastSplit_->ranks == ranks) {
     return lastSplit_->group;
   }
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
   // The subgroup's own settings when they are ours (pg_options of split_group), else ours.
   const auto* requested = dynamic_cast<const streamnccl::Options*>(opts.get());
   auto options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
   if (opts) {
     options->timeout = opts->timeout;
+  }
+  const PathFactory::SplitOf of = splitOf(options->timeout);
+  if (me == ranks.end()) {
+    for (const auto& [type, factory] : factories_) {
+      factory->splitWithout(ofType(of, type));
+    }
+    lastSplit_ = LastSplit{store.get(), ranks, nullptr};
+    return nullptr;
   }
   // torch makes a subgroup's store from its own, which a restarted torchelastic worker shares
   // with the attempt before: as python/streamnccl does for every group it creates, each
@@ -250,8 +255,13 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
         std::string("streamnccl/attempt/") + attempt + "/", store);
   }
   PathFactories factories;
+  std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
   for (const auto& [type, factory] : factories_) {
-    factories.emplace(type, factory->split(ours, ranks, options));
+    PathFactory::Subgroup subgroup = factory->splitOf(ours, ranks, options, ofType(of, type));
+    factories.emplace(type, std::move(subgroup.factory));
+    for (auto& entry : subgroup.paths) {
+      paths.push_back(std::move(entry));
+    }
   }
   // The subgroup's debug checks meet through its own store.
   auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),
@@ -262,8 +272,42 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
     globalRanks.push_back(globalRanks_.at(rank));
   }
   group->setGlobalRanks(std::move(globalRanks));
+  for (auto& [device, path] : paths) {
+    group->adoptPath(device, std::move(path));
+  }
   lastSplit_ = LastSplit{store.get(), ranks, group};
   return group;
+}
+
+void ProcessGroup::performNocolorSplit(const c10::Device& device) {
+  std::lock_guard<std::mutex> lock(splitMutex_);
+  const PathFactory::SplitOf of = splitOf(options_->timeout);
+  factoryFor(device, "split").splitWithout(ofType(of, device.type()));
+  lastSplit_.reset();
+}
+
+PathFactory::SplitOf ProcessGroup::splitOf(std::chrono::milliseconds timeout) {
+  PathFactory::SplitOf of;
+  // Every rank of this group splits it in the same order (torch requires it, as NCCL does), so
+  // the n-th split of each meets under the same prefix.
+  if (store_) {
+    of.store = c10::make_intrusive<c10d::PrefixStore>("streamnccl/split/" + std::to_string(splits_),
+                                                      store_);  // PrefixStore adds the "/"
+  }
+  ++splits_;
+  of.rank = getRank();
+  of.size = getSize();
+  of.opened = paths_.made();
+  of.timeout = timeout;
+  return of;
+}
+
+PathFactory::SplitOf ProcessGroup::ofType(const PathFactory::SplitOf& of, c10::DeviceType type) {
+  PathFactory::SplitOf mine = of;
+  mine.opened.clear();
+  std::copy_if(of.opened.begin(), of.opened.end(), std::back_inserter(mine.opened),
+               [type](const auto& entry) { return entry.first.type() == type; });
+  return mine;
 }
 
 void ProcessGroup::setGlobalRanks(std::vector<int> globalRanks) {

@@ -40,17 +40,27 @@ class ProcessGroup final : public c10d::Backend {
   ~ProcessGroup() override;
 
   const std::string getBackendName() const override { return kBackendName; }
-  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  // A copy: torch writes a subgroup's name and timeout into the options it asks for here.
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
+    return c10::make_intrusive<streamnccl::Options>(*options_);
+  }
   const c10::intrusive_ptr<streamnccl::Options>& options() const { return options_; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsCoalescing() const override { return true; }
   bool supportsSplitting() const override { return true; }
   // A new group of `ranks` (this group's ranks) with paths of its own, or null when this
-  // rank is not among them. Collective over the members.
+  // rank is not among them. Collective over every rank of this group, in the same order on
+  // each (as torch's split_group asks): where this group's NCCL communicator is live on every
+  // rank, the subgroup's is split from it (ncclCommSplit), and the ranks outside the subgroup
+  // take part in that; else the subgroup connects afresh at its first op.
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  // A rank's part in a split of this group into a subgroup it is not in, when torch makes
+  // that subgroup with new_group (which then calls this on the ranks outside it, and the
+  // creator of the subgroup calls split() on those in it). As split() otherwise.
+  void performNocolorSplit(const c10::Device& device);
   bool supportsShrinking() const override { return true; }
   // The group without `ranksToExclude` (this group's ranks), its survivors renumbered in
   // order, with connections of its own (GroupShrink.cpp). Collective over the survivors only;
@@ -249,6 +259,11 @@ class ProcessGroup final : public c10d::Backend {
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
   c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
+  // The next split of this group, as its factories see it (PathFactory::SplitOf), its
+  // subgroup's paths made within `timeout`. With splitMutex_ held.
+  PathFactory::SplitOf splitOf(std::chrono::milliseconds timeout);
+  // `of` with only the opened paths of devices of `type`.
+  static PathFactory::SplitOf ofType(const PathFactory::SplitOf& of, c10::DeviceType type);
 
   struct LaneKeyHash {
     size_t operator()(const std::pair<c10::Device, int>& key) const {
@@ -290,7 +305,7 @@ class ProcessGroup final : public c10d::Backend {
   std::optional<Coalesced> coalescing_;
 
   // torch asks a backend serving several device types to split once per type: the second
-  // ask, for the same store and ranks, gets the first one's group.
+  // ask, for the same store and ranks, gets the first one's group (or, outside it, null).
   struct LastSplit {
     const c10d::Store* store;
     std::vector<int> ranks;
@@ -298,6 +313,7 @@ class ProcessGroup final : public c10d::Backend {
   };
   std::mutex splitMutex_;
   std::optional<LastSplit> lastSplit_;
+  int splits_ = 0;  // splits of this group so far, new_group's included
   // Shrinks of this group so far: each new group meets under a store prefix of its own.
   int shrinks_ = 0;
   // Once shrunk, its communicators are aborted at close rather than finalized: finalizing

@@ -21,39 +21,40 @@ std::string rankName(int rank, int size, const c10::Device& device) {
          device.str();
 }
 
-// Which of `mine` (communicator keys) every survivor has live, as the survivors agree through
-// `store`: a communicator is shrunk only where all of them can take part (one broken on some
-// rank was aborted there, and NCCL's shrink would wait for it forever). A survivor that does not
-// see the others in time says so under kShrinkFailedKey, so that one arriving late fails at once
-// instead of waiting alone: every survivor then counts this shrink as done, failed.
-std::set<std::string> liveOnEverySurvivor(c10d::Store& store, int rank, int survivors,
-                                          const std::set<std::string>& mine,
-                                          std::chrono::milliseconds timeout) {
+// Which of `mine` (communicator keys) every one of `ranks` has live, as they agree through
+// `store`: a communicator is shrunk or split only where all of them can take part (one broken
+// on some rank was aborted there, and NCCL would wait for it forever). A rank that does not
+// see the others in time says so under kChildFailedKey, so that one arriving late fails at once
+// instead of waiting alone: every one of them then counts this shrink or split as done, failed.
+// `what`: "shrink" or "split", for messages.
+std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
+                                      const std::set<std::string>& mine,
+                                      std::chrono::milliseconds timeout, const std::string& what) {
   const std::string who =
-      "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(survivors) + "] shrink: ";
+      "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(ranks) + "] " + what + ": ";
   const std::string joined = c10::Join(",", mine);
   store.set("streamnccl/live/" + std::to_string(rank),
             std::vector<uint8_t>(joined.begin(), joined.end()));
   std::vector<std::string> keys;
-  for (int peer = 0; peer < survivors; ++peer) {
+  for (int peer = 0; peer < ranks; ++peer) {
     keys.push_back("streamnccl/live/" + std::to_string(peer));
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
   while (true) {
-    if (store.check({kShrinkFailedKey})) {
-      const auto why = store.get(kShrinkFailedKey);
-      throwDistBackendError(
-          who + "another survivor gave up on it: " + std::string(why.begin(), why.end()));
+    if (store.check({kChildFailedKey})) {
+      const auto why = store.get(kChildFailedKey);
+      throwDistBackendError(who +
+                            "another member gave up on it: " + std::string(why.begin(), why.end()));
     }
     if (store.check(keys)) {
       break;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      const std::string why = "rank " + std::to_string(rank) + " did not see every remaining " +
-                              "rank call it within " + std::to_string(timeout.count()) + " ms";
-      store.set(kShrinkFailedKey, std::vector<uint8_t>(why.begin(), why.end()));
-      throwDistBackendError(who + "not every remaining rank called it within " +
+      const std::string why = "rank " + std::to_string(rank) + " did not see every rank call it " +
+                              "within " + std::to_string(timeout.count()) + " ms";
+      store.set(kChildFailedKey, std::vector<uint8_t>(why.begin(), why.end()));
+      throwDistBackendError(who + "not every rank that takes part called it within " +
                             std::to_string(timeout.count()) + " ms");
     }
     std::this_thread::sleep_for(pause);
@@ -75,6 +76,32 @@ std::set<std::string> liveOnEverySurvivor(c10d::Store& store, int rank, int surv
     common.swap(both);
   }
   return common;
+}
+
+// A group's opened communicators by key (NcclCommunicator::key(), the same on every rank).
+using OpenedByKey =
+    std::map<std::string, std::pair<c10::Device, std::shared_ptr<NcclCommunicator>>>;
+
+OpenedByKey byKeyOf(const std::vector<std::pair<c10::Device, Path*>>& opened) {
+  OpenedByKey byKey;
+  for (const auto& [device, path] : opened) {
+    auto communicator = std::dynamic_pointer_cast<NcclCommunicator>(path->communicator);
+    TORCH_INTERNAL_ASSERT(communicator, "streamnccl: a CUDA path without an NCCL communicator");
+    std::string key = communicator->key();
+    byKey.emplace(std::move(key), std::make_pair(device, std::move(communicator)));
+  }
+  return byKey;
+}
+
+// The keys of those that are still live here (NcclCommunicator::live).
+std::set<std::string> liveOf(const OpenedByKey& byKey) {
+  std::set<std::string> live;
+  for (const auto& [key, opened] : byKey) {
+    if (opened.second->live()) {
+      live.insert(key);
+    }
+  }
+  return live;
 }
 
 }  // namespace
@@ -178,33 +205,69 @@ std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   TORCH_INTERNAL_ASSERT(me != ranks.end(), "streamnccl: split without this rank");
   auto own = c10::make_intrusive<Options>(*options);
-  // Its communicators are named as part of this group's (torch names the subgroup later).
-  own->group_name = options_->group_name.empty() ? "" : options_->group_name + " subgroup";
+  // Its communicators are named after the subgroup, or else as part of this group's (when
+  // torch names the subgroup only later).
+  if (own->group_name.empty() || own->group_name == options_->group_name) {
+    own->group_name = options_->group_name.empty() ? "" : options_->group_name + " subgroup";
+  }
   return std::make_unique<CudaPathFactory>(nccl_, cuda_, store,
                                            static_cast<int>(me - ranks.begin()),
                                            static_cast<int>(ranks.size()), std::move(own));
 }
 
-PathFactory::Shrunk CudaPathFactory::shrink(
+PathFactory::Subgroup CudaPathFactory::splitOf(const c10::intrusive_ptr<c10d::Store>& store,
+                                               const std::vector<int>& ranks,
+                                               const c10::intrusive_ptr<Options>& options,
+                                               const SplitOf& of) {
+  Subgroup subgroup{split(store, ranks, options), {}};
+  const OpenedByKey byKey = byKeyOf(of.opened);
+  // Every rank opened the same paths, at the same ops: none here is none anywhere.
+  if (!of.store || byKey.empty()) {
+    return subgroup;  // nothing to split from: it connects afresh at its first op
+  }
+  const std::set<std::string> toSplit =
+      liveOnEveryRank(*of.store, of.rank, of.size, liveOf(byKey), of.timeout, "split");
+  const int newRank =
+      static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+  const int newSize = static_cast<int>(ranks.size());
+  // The subgroups of one split do not overlap, so their lowest ranks tell them apart.
+  const int color = ranks.front();
+  const std::string tag = "split-" + std::to_string(color) + "-of-" + std::to_string(newSize);
+  for (const std::string& key : toSplit) {  // in key order, the same on every rank
+    const auto& [device, parent] = byKey.at(key);
+    auto path = std::make_unique<Path>();
+    path->device = std::make_shared<CudaDevice>(cuda_, device, options->useHighPriorityStreams());
+    path->communicator =
+        parent->split(color, newRank, newSize, rankName(newRank, newSize, device) + "]", tag,
+                      options->timeout, options->ncclConfig, of.store);
+    subgroup.paths.emplace_back(device, std::move(path));
+  }
+  return subgroup;
+}
+
+void CudaPathFactory::splitWithout(const SplitOf& of) {
+  const OpenedByKey byKey = byKeyOf(of.opened);
+  if (!of.store || byKey.empty()) {
+    return;
+  }
+  const std::set<std::string> toSplit =
+      liveOnEveryRank(*of.store, of.rank, of.size, liveOf(byKey), of.timeout, "split");
+  for (const std::string& key : toSplit) {
+    byKey.at(key).second->splitWithoutColor(of.timeout, of.store);
+  }
+}
+
+PathFactory::Subgroup CudaPathFactory::shrink(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& survivors,
     const std::vector<int>& excluded, const std::vector<std::pair<c10::Device, Path*>>& opened,
     bool abortInFlight, const c10::intrusive_ptr<Options>& options) {
   const int newRank =
       static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
   const int newSize = static_cast<int>(survivors.size());
-  Shrunk shrunk{split(store, survivors, options), {}};
-  std::map<std::string, std::pair<c10::Device, std::shared_ptr<NcclCommunicator>>> byKey;
-  std::set<std::string> live;
-  for (const auto& [device, path] : opened) {
-    auto communicator = std::dynamic_pointer_cast<NcclCommunicator>(path->communicator);
-    TORCH_INTERNAL_ASSERT(communicator, "streamnccl: a CUDA path without an NCCL communicator");
-    byKey.emplace(communicator->key(), std::make_pair(device, communicator));
-    if (communicator->live()) {
-      live.insert(communicator->key());
-    }
-  }
+  Subgroup shrunk{split(store, survivors, options), {}};
+  const OpenedByKey byKey = byKeyOf(opened);
   const std::set<std::string> toShrink =
-      liveOnEverySurvivor(*store, newRank, newSize, live, options->timeout);
+      liveOnEveryRank(*store, newRank, newSize, liveOf(byKey), options->timeout, "shrink");
   if (toShrink.empty()) {
     return shrunk;  // the survivors connect afresh when they first need to
   }

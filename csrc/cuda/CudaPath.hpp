@@ -33,14 +33,21 @@ class CudaPathFactory final : public PathFactory {
   std::unique_ptr<PathFactory> split(const c10::intrusive_ptr<c10d::Store>& store,
                                      const std::vector<int>& ranks,
                                      const c10::intrusive_ptr<Options>& options) override;
+  // The subgroup's factory, and its communicators split from this group's (ncclCommSplit)
+  // where every rank of this group still has that communicator live (agreed through
+  // `of.store`); the others are made afresh when first used.
+  Subgroup splitOf(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                   const c10::intrusive_ptr<Options>& options, const SplitOf& of) override;
+  // Takes part, with NCCL_SPLIT_NOCOLOR, in the splits that splitOf() makes on the members.
+  void splitWithout(const SplitOf& of) override;
   // The survivors' factory, and their communicators shrunk from this group's (ncclCommShrink,
   // NCCL 2.27+) where every survivor still has that communicator live; the others are made
   // afresh when first used. Refused at the call with an older NCCL, where there is one to
   // shrink.
-  Shrunk shrink(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& survivors,
-                const std::vector<int>& excluded,
-                const std::vector<std::pair<c10::Device, Path*>>& opened, bool abortInFlight,
-                const c10::intrusive_ptr<Options>& options) override;
+  Subgroup shrink(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& survivors,
+                  const std::vector<int>& excluded,
+                  const std::vector<std::pair<c10::Device, Path*>>& opened, bool abortInFlight,
+                  const c10::intrusive_ptr<Options>& options) override;
 
  private:
   const std::shared_ptr<NcclApi> nccl_;

@@ -37,6 +37,12 @@ class NcclApi {
   // `config` says, like init.
   virtual ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                   ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) = 0;
+  // A communicator of the members of `comm` that pass the same `color`, ranked by `key`, made
+  // collectively by every member of `comm` (NCCL_SPLIT_NOCOLOR: this one takes part but joins
+  // none, and `*newcomm` stays null). On a non-blocking `comm`, as commShrink: `comm` reports
+  // ncclInProgress, and NCCL's own thread writes `*newcomm` later, once made.
+  virtual ncclResult_t commSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                 ncclConfig_t* config) = 0;
   virtual ncclResult_t commFinalize(ncclComm_t comm) = 0;
   virtual ncclResult_t commDestroy(ncclComm_t comm) = 0;
   virtual ncclResult_t commAbort(ncclComm_t comm) = 0;

@@ -164,13 +164,57 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
   // Named after its parent, which every survivor shares: the order ranks close it in.
   std::string key = key_ + "/shrunk-" + c10::Join("-", excluded);
   std::string name = name_.empty() ? "" : name_ + " shrunk-" + c10::Join("-", excluded);
-  auto connection = NcclConnection::shrink(
+  NcclConnection::ChildOf origin;
+  origin.parent = connection_;
+  origin.how = NcclConnection::ChildOf::How::Shrink;
+  origin.excluded = excluded;
+  origin.abortInFlight = abortInFlight;
+  origin.failedKey = kChildFailedKey;
+  auto connection = NcclConnection::fromParent(
       NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, groupSize, groupRank, false,
                                key, who, timeout, config, name},
-      NcclConnection::ShrinkOf{connection_, excluded, abortInFlight, kShrinkFailedKey});
+      std::move(origin));
   return std::shared_ptr<NcclCommunicator>(
       new NcclCommunicator(nccl_, cuda_, device_, std::move(who), std::move(key),
                            std::move(connection), std::move(config), std::move(name)));
+}
+
+std::shared_ptr<NcclCommunicator> NcclCommunicator::split(
+    int color, int groupRank, int groupSize, std::string who, const std::string& tag,
+    std::chrono::milliseconds timeout, Options::NcclConfig config,
+    c10::intrusive_ptr<c10d::Store> store) const {
+  TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator splits");
+  TORCH_INTERNAL_ASSERT(color >= 0, "streamnccl: a split's color is not negative");
+  std::string key = key_ + "/" + tag;
+  std::string name = name_.empty() ? "" : name_ + " " + tag;
+  NcclConnection::ChildOf origin;
+  origin.parent = connection_;
+  origin.how = NcclConnection::ChildOf::How::Split;
+  origin.color = color;
+  origin.key = groupRank;
+  origin.failedKey = kChildFailedKey;
+  auto connection = NcclConnection::fromParent(
+      NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, groupSize, groupRank, false,
+                               key, who, timeout, config, name},
+      std::move(origin));
+  return std::shared_ptr<NcclCommunicator>(
+      new NcclCommunicator(nccl_, cuda_, device_, std::move(who), std::move(key),
+                           std::move(connection), std::move(config), std::move(name)));
+}
+
+void NcclCommunicator::splitWithoutColor(std::chrono::milliseconds timeout,
+                                         c10::intrusive_ptr<c10d::Store> store) const {
+  TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator splits");
+  NcclConnection::ChildOf origin;
+  origin.parent = connection_;
+  origin.how = NcclConnection::ChildOf::How::Split;
+  origin.color = NCCL_SPLIT_NOCOLOR;
+  origin.failedKey = kChildFailedKey;
+  auto part = NcclConnection::fromParent(
+      NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, 0, 0, false, key_ + "/none",
+                               who_, timeout, config_, ""},
+      std::move(origin));
+  part->waitConnected();
 }
 
 NcclCommunicator::~NcclCommunicator() { connection_->abandon(); }

@@ -15,8 +15,8 @@
 
 namespace streamnccl {
 
-// The key of a shrink's own Store where a survivor that gives up on it says why.
-inline constexpr const char* kShrinkFailedKey = "failed";
+// The key of a shrink's or split's own Store where a member that gives up on it says why.
+inline constexpr const char* kChildFailedKey = "failed";
 
 // Which ranks of the group an ncclComm_t spans, and under what name it meets them.
 struct NcclMembership {
@@ -56,6 +56,21 @@ class NcclCommunicator final : public Communicator {
                                            std::chrono::milliseconds timeout,
                                            Options::NcclConfig config,
                                            c10::intrusive_ptr<c10d::Store> store) const;
+  // Starts making, from this communicator (ncclCommSplit), the communicator of its members
+  // that pass the same `color`, in which this rank is `groupRank` of `groupSize` (the new
+  // group's ranks are in this one's order). Only of a communicator over the whole group; every
+  // member of it takes part at once, as with NCCL, those joining none through
+  // splitWithoutColor(). `store` is the split's own, where one that gives up says why; `tag`
+  // names the new one among this one's children; `timeout` and `config` are the new group's.
+  std::shared_ptr<NcclCommunicator> split(int color, int groupRank, int groupSize, std::string who,
+                                          const std::string& tag, std::chrono::milliseconds timeout,
+                                          Options::NcclConfig config,
+                                          c10::intrusive_ptr<c10d::Store> store) const;
+  // This member's part in a split that makes it no new communicator (NCCL_SPLIT_NOCOLOR):
+  // returns once every member has split; raises DistBackendError when they do not within
+  // `timeout` (having aborted this communicator, the only way to end NCCL's part in it).
+  void splitWithoutColor(std::chrono::milliseconds timeout,
+                         c10::intrusive_ptr<c10d::Store> store) const;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 

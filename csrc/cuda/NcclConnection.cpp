@@ -14,8 +14,8 @@ namespace {
 constexpr auto kAbortGrace = std::chrono::seconds(10);
 // NCCL's maximum number of CTAs (MAXCHANNELS in NCCL 2.28; an older NCCL clamps it to its own).
 constexpr int kNcclMaxCtas = 64;
-// While a shrink is in progress, how often (in polls, a few ms apart once settled) the Store is
-// asked whether another survivor gave up.
+// While a shrink or split is in progress, how often (in polls, a few ms apart once settled) the
+// Store is asked whether another member gave up.
 constexpr int kPollsPerStoreCheck = 8;
 
 // Polling that starts fast (most waits are short) and settles at a few checks per 10 ms.
@@ -52,11 +52,18 @@ std::shared_ptr<NcclConnection> NcclConnection::open(Settings settings) {
   return connection;
 }
 
-std::shared_ptr<NcclConnection> NcclConnection::shrink(Settings settings, ShrinkOf origin) {
+std::shared_ptr<NcclConnection> NcclConnection::fromParent(Settings settings, ChildOf origin) {
   std::shared_ptr<NcclConnection> connection(
       new NcclConnection(std::move(settings), std::move(origin)));
   connection->connector_ = std::thread([self = connection] { self->connect(); });
   return connection;
+}
+
+const char* NcclConnection::makingCall() const {
+  if (!childOf_) {
+    return "ncclCommInitRank";
+  }
+  return childOf_->how == ChildOf::How::Shrink ? "ncclCommShrink" : "ncclCommSplit";
 }
 
 bool NcclConnection::live() {
@@ -139,17 +146,22 @@ ncclUniqueId NcclConnection::exchangeId(std::chrono::steady_clock::time_point de
 }
 
 void NcclConnection::connect() {
-  const char* call = shrinkOf_ ? "ncclCommShrink" : "ncclCommInitRank";
+  const char* call = makingCall();
   try {
     const auto deadline = std::chrono::steady_clock::now() + settings_.timeout;
     ncclComm_t comm = nullptr;
-    ncclResult_t result = shrinkOf_ ? shrinkParent(&comm, deadline) : initRank(&comm, deadline);
+    ncclResult_t result = childOf_ ? makeFromParent(&comm, deadline) : initRank(&comm, deadline);
     if (result != ncclSuccess && result != ncclInProgress) {
       if (comm != nullptr) {
         std::lock_guard<std::mutex> lock(mutex_);
         comm_ = comm;  // aborted at destruction: it never connected
       }
       throwNcclError(nccl(), result, call, who(), nullptr, __FILE__, __LINE__);
+    }
+    if (childOf_ && childOf_->color == NCCL_SPLIT_NOCOLOR) {
+      TORCH_INTERNAL_ASSERT(comm == nullptr, who(), " ncclCommSplit without a color made one");
+      settle(State::Connected, nullptr);  // this member's part is done; there is nothing to use
+      return;
     }
     TORCH_INTERNAL_ASSERT(comm != nullptr, who(), " ", call, " made no communicator");
     bool abortedMeanwhile = false;
@@ -178,14 +190,14 @@ void NcclConnection::connect() {
     endUse();
     settle(State::Connected, nullptr);
   } catch (...) {
-    if (shrinkOf_) {
-      tellSurvivorsShrinkFailed(std::current_exception());
+    if (childOf_) {
+      tellMembersChildFailed(std::current_exception());
     }
     settle(State::Failed, std::current_exception());
   }
 }
 
-void NcclConnection::tellSurvivorsShrinkFailed(const std::exception_ptr& failure) {
+void NcclConnection::tellMembersChildFailed(const std::exception_ptr& failure) {
   std::string why = "it failed";
   try {
     std::rethrow_exception(failure);
@@ -194,14 +206,14 @@ void NcclConnection::tellSurvivorsShrinkFailed(const std::exception_ptr& failure
   } catch (const std::exception& e) {
     why = e.what();
   }
-  if (why.find("another survivor gave up") != std::string::npos) {
+  if (why.find("another member gave up") != std::string::npos) {
     return;  // the first to give up has said why
   }
   try {
-    settings_.store->set(shrinkOf_->failedKey, std::vector<uint8_t>(why.begin(), why.end()));
+    settings_.store->set(childOf_->failedKey, std::vector<uint8_t>(why.begin(), why.end()));
   } catch (const std::exception& e) {
-    LOG(WARNING) << who()
-                 << " could not tell the other survivors that the shrink failed: " << e.what();
+    LOG(WARNING) << who() << " could not tell the other members that " << makingCall()
+                 << " failed: " << e.what();
   }
 }
 
@@ -247,10 +259,10 @@ ncclConfig_t NcclConnection::ncclConfig() const {
   return config;
 }
 
-ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
-                                          std::chrono::steady_clock::time_point deadline) {
-  NcclConnection& parent = *shrinkOf_->parent;
-  parent.acquire("ncclCommShrink");  // NCCL builds the new one from the parent's state
+ncclResult_t NcclConnection::makeFromParent(ncclComm_t* comm,
+                                            std::chrono::steady_clock::time_point deadline) {
+  NcclConnection& parent = *childOf_->parent;
+  parent.acquire(makingCall());  // NCCL builds the new one from the parent's state
   ncclComm_t parentComm = nullptr;
   {
     std::unique_lock<std::mutex> lock(parent.mutex_);
@@ -274,25 +286,18 @@ ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
   auto* into = new ncclComm_t(nullptr);
   ncclResult_t result = ncclInternalError;
   try {
-    {
-      auto onDevice = settings_.cuda->useDevice(settings_.device);
-      ncclConfig_t config = ncclConfig();
-      std::vector<int> excluded = shrinkOf_->excluded;  // NCCL sorts it in place
-      result = nccl().commShrink(
-          parentComm, excluded.data(), static_cast<int>(excluded.size()), into, &config,
-          shrinkOf_->abortInFlight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-    }
+    result = callParent(parentComm, into);
     if (result == ncclSuccess || result == ncclInProgress) {
       // Done when the parent's state leaves ncclInProgress: NCCL's thread has then written
       // the new communicator (failed or not) to `into`.
-      result = pollUntilSettled(parentComm, "ncclCommShrink", deadline,
-                                /*ofShrinkingParent=*/true);
+      result = pollUntilSettled(parentComm, makingCall(), deadline,
+                                /*ofParentMakingChild=*/true);
     }
   } catch (...) {
-    // Still shrinking (so the watchdog leaves its state alone) until it is aborted; the abort
-    // waits for this use to end.
+    // Still making it (so the watchdog leaves the parent's state alone) until the parent is
+    // aborted; the abort waits for this use to end.
     parent.endUse();
-    endShrinkInProgress(into);
+    endChildInProgress(into);
     endShrinking();
     throw;
   }
@@ -303,13 +308,27 @@ ncclResult_t NcclConnection::shrinkParent(ncclComm_t* comm,
   return result;
 }
 
-void NcclConnection::endShrinkInProgress(ncclComm_t* into) {
-  NcclConnection& parent = *shrinkOf_->parent;
-  LOG(WARNING) << who() << " aborting the communicator it was shrinking (" << parent.who()
-               << "]): only that ends NCCL's making of the new one";
+ncclResult_t NcclConnection::callParent(ncclComm_t parentComm, ncclComm_t* into) {
+  auto onDevice = settings_.cuda->useDevice(settings_.device);
+  ncclConfig_t config = ncclConfig();
+  if (childOf_->how == ChildOf::How::Split) {
+    return nccl().commSplit(parentComm, childOf_->color, childOf_->key, into, &config);
+  }
+  std::vector<int> excluded = childOf_->excluded;  // NCCL sorts it in place
+  return nccl().commShrink(parentComm, excluded.data(), static_cast<int>(excluded.size()), into,
+                           &config,
+                           childOf_->abortInFlight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+}
+
+void NcclConnection::endChildInProgress(ncclComm_t* into) {
+  NcclConnection& parent = *childOf_->parent;
+  LOG(WARNING) << who() << " aborting the communicator it was making a new one from ("
+               << parent.who() << "], " << makingCall()
+               << "): only that ends NCCL's making of the new one";
   parent.abort();  // ncclCommAbort joins the thread making the new one
   if (!parent.waitAbortReturned()) {
-    LOG(WARNING) << who() << " left to NCCL: its shrink may still write the new communicator";
+    LOG(WARNING) << who() << " left to NCCL: its " << makingCall()
+                 << " may still write the new communicator";
     return;  // `into` stays allocated, for NCCL's thread to write to
   }
   ncclComm_t child = __atomic_load_n(into, __ATOMIC_ACQUIRE);
@@ -322,25 +341,25 @@ void NcclConnection::endShrinkInProgress(ncclComm_t* into) {
   }
 }
 
-std::string NcclConnection::shrinkGivenUp() const {
+std::string NcclConnection::childGivenUp() const {
   auto& store = *settings_.store;
-  if (!store.check({shrinkOf_->failedKey})) {
+  if (!store.check({childOf_->failedKey})) {
     return {};
   }
-  const std::vector<uint8_t> why = store.get(shrinkOf_->failedKey);
+  const std::vector<uint8_t> why = store.get(childOf_->failedKey);
   return std::string(why.begin(), why.end());
 }
 
 ncclResult_t NcclConnection::pollUntilSettled(ncclComm_t comm, const char* call,
                                               std::chrono::steady_clock::time_point deadline,
-                                              bool ofShrinkingParent) const {
+                                              bool ofParentMakingChild) const {
   Backoff backoff;
   int polls = 0;
   while (true) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t result = nccl().commGetAsyncError(comm, &state);
     if (result != ncclSuccess) {
-      if (ofShrinkingParent) {  // NCCL's thread may still be making the new one: end it
+      if (ofParentMakingChild) {  // NCCL's thread may still be making the new one: end it
         raise(std::string("ncclCommGetAsyncError failed while ") + call +
               " was in progress: " + nccl().getErrorString(result));
       }
@@ -349,19 +368,21 @@ ncclResult_t NcclConnection::pollUntilSettled(ncclComm_t comm, const char* call,
     if (state != ncclInProgress) {
       return state;
     }
-    // A shrink's parent being aborted ends it too: it waits for this use of it.
-    if (abortedNow() || (ofShrinkingParent && shrinkOf_->parent->abortedNow())) {
+    // The parent being aborted ends the making of its child too: it waits for this use of it.
+    if (abortedNow() || (ofParentMakingChild && childOf_->parent->abortedNow())) {
       raise(std::string("aborted while ") + call + " was in progress");
     }
-    if (ofShrinkingParent && ++polls % kPollsPerStoreCheck == 0) {
-      if (std::string why = shrinkGivenUp(); !why.empty()) {
-        raise(std::string(call) + " ended: another survivor gave up on it: " + why);
+    if (ofParentMakingChild && ++polls % kPollsPerStoreCheck == 0) {
+      if (std::string why = childGivenUp(); !why.empty()) {
+        raise(std::string(call) + " ended: another member gave up on it: " + why);
       }
     }
     if (std::chrono::steady_clock::now() > deadline) {
       raise(std::string(call) + " did not finish within " +
             std::to_string(settings_.timeout.count()) + " ms" +
-            (std::strcmp(call, "ncclCommInitRank") == 0 || std::strcmp(call, "ncclCommShrink") == 0
+            (std::strcmp(call, "ncclCommInitRank") == 0 ||
+                     std::strcmp(call, "ncclCommShrink") == 0 ||
+                     std::strcmp(call, "ncclCommSplit") == 0
                  ? ": a member of the communicator never joined it"
                  : ""));
     }

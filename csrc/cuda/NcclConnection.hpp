@@ -56,25 +56,32 @@ class NcclConnection {
     std::string name;                   // NCCL's name for it (ncclConfig_t::commName), or ""
   };
 
-  // What a connection made by shrinking another is made from (ncclCommShrink, instead of a
-  // unique id and init).
-  struct ShrinkOf {
+  // What a connection made from another is made from, instead of a unique id and init:
+  // ncclCommShrink or ncclCommSplit of the parent's communicator.
+  struct ChildOf {
     std::shared_ptr<NcclConnection> parent;
-    std::vector<int> excluded;   // the parent's communicator ranks left out, sorted
-    bool abortInFlight = false;  // NCCL_SHRINK_ABORT: the parent's operations end first
-    // A key of `settings.store`, this shrink's alone: a survivor that gives up writes why
-    // there, and the others, which would otherwise wait for it until their timeout, end too.
+    enum class How { Shrink, Split };
+    How how = How::Shrink;
+    std::vector<int> excluded;   // Shrink: the parent's communicator ranks left out, sorted
+    bool abortInFlight = false;  // Shrink: NCCL_SHRINK_ABORT, the parent's operations end first
+    // Split: this member's color (NCCL_SPLIT_NOCOLOR: it takes part, and makes nothing) and
+    // key, its rank's order in the new one.
+    int color = 0;
+    int key = 0;
+    // A key of `settings.store`, this shrink's or split's alone: a member that gives up writes
+    // why there, and the others, which would otherwise wait for it until their timeout, end too.
     std::string failedKey;
   };
-
   // Starts connecting, on a thread that keeps the connection alive until it has settled.
   static std::shared_ptr<NcclConnection> open(Settings settings);
-  // Starts making the communicator from `origin.parent`'s (ncclCommShrink), on a thread as
-  // open() does; every other survivor of the parent does the same. `settings.idKey` only names
-  // it. NCCL makes it on a thread of its own, tied to the parent: the parent stays held, and
-  // its state polled, until that is done; one that does not end in time (or whose parent is
-  // aborted meanwhile) ends with the parent's abort, the only way to stop NCCL's thread.
-  static std::shared_ptr<NcclConnection> shrink(Settings settings, ShrinkOf origin);
+  // Starts making the communicator from `origin.parent`'s (ncclCommShrink or ncclCommSplit), on
+  // a thread as open() does; every other member of the parent does the same (the excluded of
+  // a shrink aside). `settings.idKey` only names it. NCCL makes it on a thread of its own, tied
+  // to the parent: the parent stays held, and its state polled, until that is done; one that
+  // does not end in time (or whose parent is aborted meanwhile) ends with the parent's abort,
+  // the only way to stop NCCL's thread. A split with NCCL_SPLIT_NOCOLOR connects to nothing:
+  // it is connected once the parent's members have all split, and is then done with.
+  static std::shared_ptr<NcclConnection> fromParent(Settings settings, ChildOf origin);
   // Connected, neither aborted nor closed, and with no asynchronous error: a communicator
   // NCCL can still shrink.
   bool live();
@@ -139,8 +146,8 @@ class NcclConnection {
   // (a lane's gate is open by then).
   enum class State { Connecting, Connected, Failed };
 
-  NcclConnection(Settings settings, std::optional<ShrinkOf> shrinkOf)
-      : settings_(std::move(settings)), shrinkOf_(std::move(shrinkOf)) {}
+  NcclConnection(Settings settings, std::optional<ChildOf> childOf)
+      : settings_(std::move(settings)), childOf_(std::move(childOf)) {}
   void connect();
   // connect()'s first step for a new communicator: a non-blocking one from a unique id;
   // returns NCCL's result (ncclInProgress until it is ready).
@@ -148,14 +155,18 @@ class NcclConnection {
   // The ncclConfig_t of every communicator this connection makes: non-blocking, with the
   // group's settings and name. Its net name points into settings_ (NCCL copies it).
   ncclConfig_t ncclConfig() const;
-  // connect()'s first step for a shrunk one (shrinkOf_): returns once NCCL has made it, or
-  // failed to, with its result; raises, having ended NCCL's making of it, on a timeout, an
-  // abort, or another survivor giving up.
-  ncclResult_t shrinkParent(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
-  // Ends a shrink still in progress by aborting the parent, and frees what NCCL made of it.
-  void endShrinkInProgress(ncclComm_t* into);
-  // The reason another survivor gave up this shrink; empty when none has.
-  std::string shrinkGivenUp() const;
+  // connect()'s first step for one made from a parent (childOf_): returns once NCCL has made
+  // it, or failed to, with its result; raises, having ended NCCL's making of it, on a timeout,
+  // an abort, or another member giving up.
+  ncclResult_t makeFromParent(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
+  // The parent's NCCL call that makes it: ncclCommShrink or ncclCommSplit.
+  ncclResult_t callParent(ncclComm_t parentComm, ncclComm_t* into);
+  // Ends a shrink or split still in progress by aborting the parent, and frees what NCCL made.
+  void endChildInProgress(ncclComm_t* into);
+  // The reason another member gave up this shrink or split; empty when none has.
+  std::string childGivenUp() const;
+  // What connect() names its NCCL call in messages.
+  const char* makingCall() const;
   bool abortedNow() const;
   // Blocks (up to a grace period) until an abort() under way has freed the communicator;
   // false when that could not be seen (it is freed on a thread of its own, or slowly). Only
@@ -163,19 +174,19 @@ class NcclConnection {
   bool waitAbortReturned();
   ncclUniqueId exchangeId(std::chrono::steady_clock::time_point deadline);
   // Polls ncclCommGetAsyncError until it is no longer ncclInProgress; returns the result.
-  // While shrinking the parent's communicator, the parent's abort and another survivor's
-  // giving up end it too.
+  // While making a child of the parent's communicator, the parent's abort and another
+  // member's giving up end it too.
   ncclResult_t pollUntilSettled(ncclComm_t comm, const char* call,
                                 std::chrono::steady_clock::time_point deadline,
-                                bool ofShrinkingParent = false) const;
-  // Writes why this shrink failed where the other survivors look (ShrinkOf::failedKey).
-  void tellSurvivorsShrinkFailed(const std::exception_ptr& failure);
+                                bool ofParentMakingChild = false) const;
+  // Writes why this shrink or split failed where the other members look (ChildOf::failedKey).
+  void tellMembersChildFailed(const std::exception_ptr& failure);
   [[noreturn]] void raise(const std::string& reason) const;
   void endUse();
   void settle(State state, std::exception_ptr failure);
 
   const Settings settings_;
-  const std::optional<ShrinkOf> shrinkOf_;
+  const std::optional<ChildOf> childOf_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   State state_ = State::Connecting;
@@ -189,8 +200,9 @@ class NcclConnection {
   ncclResult_t finalized_ = ncclSuccess;
   ncclComm_t comm_ = nullptr;  // null again once destroyed
   int uses_ = 0;
-  // Shrinks of this communicator in progress: its state is then theirs to poll (NCCL's poll
-  // of it ends the shrink's thread, which two threads must not do at once).
+  // Shrinks and splits of this communicator in progress: its state is then theirs to poll
+  // (NCCL's poll of it ends the thread making the child, which two threads must not do at
+  // once).
   int shrinking_ = 0;
   // asyncError()'s polls of its state under way, which a shrink waits out before it starts.
   int statePolls_ = 0;

@@ -37,6 +37,10 @@ class NcclLibrary final : public NcclApi {
     }
     return shrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
   }
+  ncclResult_t commSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                         ncclConfig_t* config) override {
+    return ncclCommSplit(comm, color, key, newcomm, config);
+  }
   ncclResult_t commFinalize(ncclComm_t comm) override { return ncclCommFinalize(comm); }
   ncclResult_t commDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
   ncclResult_t commAbort(ncclComm_t comm) override { return ncclCommAbort(comm); }

@@ -37,6 +37,11 @@ struct FakeModels {
   // kernels (off: the new communicator keeps the parent's members and is ready at once, and
   // the parent's kernels go on).
   bool shrink = true;
+  // ncclCommSplit: collective over every member of the parent (NCCL_SPLIT_NOCOLOR ones
+  // included), each new communicator of the members of one color, ranked by key, and, as a
+  // shrink, made on NCCL's thread while the parent stays busy, `*newcomm` written only once it
+  // is ready (off: the new communicator keeps the parent's members, made at once).
+  bool split = true;
   // CUDA_DEVICE_MAX_CONNECTIONS=1: all streams of a GPU share one hardware queue, in issue
   // order, and work that cannot run holds up everything behind it. Off by default, as on GPUs.
   bool singleQueue = false;
@@ -54,6 +59,7 @@ struct FakeModels {
                   : name == "cuda_errors"  ? &cudaErrors
                   : name == "single_queue" ? &singleQueue
                   : name == "shrink"       ? &shrink
+                  : name == "split"        ? &split
                                            : nullptr;
     if (field != nullptr) {
       *field = on;

@@ -65,6 +65,51 @@ uint64_t FakeNcclWorld::shrunkKey(uint64_t parent, int nth, const std::vector<in
   return key | (uint64_t{1} << 63);  // unique ids count up from 1
 }
 
+void FakeNcclWorld::joinSplit(uint64_t parent, int nth, int rank, int nranks, int color, int key) {
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    SplitMeeting& split = splits_[{parent, nth}];
+    split.nranks = nranks;
+    if (simulatePeers_) {
+      for (int mirror = 0; mirror < nranks; ++mirror) {
+        split.chosen[mirror] = {color, key};
+      }
+    }
+    split.chosen[rank] = {color, key};
+  }
+  changed_.notify_all();
+}
+
+std::optional<FakeNcclWorld::SplitPlace> FakeNcclWorld::splitPlace(uint64_t parent, int nth,
+                                                                   int rank) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto found = splits_.find({parent, nth});
+  if (found == splits_.end() ||
+      static_cast<int>(found->second.chosen.size()) < found->second.nranks) {
+    return std::nullopt;
+  }
+  const auto& chosen = found->second.chosen;
+  const auto [color, key] = chosen.at(rank);
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    return SplitPlace{};
+  }
+  SplitPlace place;
+  // The same for every member of the new one, and never a unique id's or a shrink's.
+  place.key =
+      (parent * 1000033 + static_cast<uint64_t>(nth) * 7919 + static_cast<uint64_t>(color) + 1) |
+      (uint64_t{3} << 62);
+  for (const auto& [other, choice] : chosen) {
+    if (choice.first != color) {
+      continue;
+    }
+    ++place.nranks;
+    if (std::make_pair(choice.second, other) < std::make_pair(key, rank)) {
+      ++place.rank;
+    }
+  }
+  return place;
+}
+
 void FakeNcclWorld::join(uint64_t key, int rank, int nranks, FakeGpu* gpu) {
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);

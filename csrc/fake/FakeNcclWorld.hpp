@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -50,6 +51,21 @@ class FakeNcclWorld {
   // The key of the `nth` communicator shrunk from `parent` without `excluded`: the same for
   // every survivor, and never a unique id's.
   static uint64_t shrunkKey(uint64_t parent, int nth, const std::vector<int>& excluded);
+  // ncclCommSplit: member `rank` of communicator `parent` (of `nranks` members) takes part in
+  // its `nth` split, with `color` (NCCL_SPLIT_NOCOLOR: it joins no new one) and `key`. A split
+  // is collective over all of `parent`'s members: where each lands is known once all have
+  // taken part (in a world that simulates its peers, at once: they mirror this one, so its
+  // new communicator has all of `parent`'s members).
+  void joinSplit(uint64_t parent, int nth, int rank, int nranks, int color, int key);
+  // Where member `rank` lands in `parent`'s `nth` split: the new communicator's key, and its
+  // rank and size there (ranked by key, then by rank in `parent`); nranks 0 for a member that
+  // passed NCCL_SPLIT_NOCOLOR. Nothing until every member has taken part.
+  struct SplitPlace {
+    uint64_t key = 0;
+    int rank = 0;
+    int nranks = 0;
+  };
+  std::optional<SplitPlace> splitPlace(uint64_t parent, int nth, int rank) const;
   // `rank` of `nranks` joins the communicator `key`, on `gpu`.
   void join(uint64_t key, int rank, int nranks, FakeGpu* gpu);
   bool complete(uint64_t key) const;
@@ -87,6 +103,11 @@ class FakeNcclWorld {
     StreamId stream = 0;
     const Item* item = nullptr;
   };
+  // One ncclCommSplit of a communicator: per member, its color and key.
+  struct SplitMeeting {
+    int nranks = 0;
+    std::map<int, std::pair<int, int>> chosen;
+  };
   struct Meeting {
     int nranks = 0;
     int joined = 0;
@@ -116,6 +137,7 @@ class FakeNcclWorld {
   std::set<FakeGpu*> gpus_;
   uint64_t idsMade_ = 0;
   std::map<uint64_t, Meeting> meetings_;
+  std::map<std::pair<uint64_t, int>, SplitMeeting> splits_;  // by parent and which split
   bool stopping_ = false;
   std::thread engine_;
 };

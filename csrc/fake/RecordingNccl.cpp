@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include <sstream>
 
@@ -85,6 +86,17 @@ bool blocksWith(const ncclConfig_t* config) {
     return env == 1;
   }
   return config == nullptr || config->blocking != 0;
+}
+
+// Whether splits of a communicator made with `config` share its resources, its abort flag
+// among them: NCCL_COMM_SPLIT_SHARE_RESOURCES overrides the config's splitShare (default: no).
+// As for shrinks, NCCL reads it from the parent's config.
+bool splitsShareWith(const ncclConfig_t* config) {
+  if (const int env = ncclEnvInt("NCCL_COMM_SPLIT_SHARE_RESOURCES"); env != NCCL_CONFIG_UNDEF_INT) {
+    return env != 0;
+  }
+  return config != nullptr && config->splitShare != NCCL_CONFIG_UNDEF_INT &&
+         config->splitShare != 0;
 }
 
 // Whether shrinks of a communicator made with `config` share its resources, its abort flag
@@ -294,6 +306,7 @@ ncclResult_t RecordingNccl::commInitRankConfig(ncclComm_t* comm, int nranks, ncc
   Comm& comm_made = made(number, device, nranks, rank, key, blocking);
   comm_made.initPending = !blocking;
   comm_made.shrinksShare = shrinksShareWith(config);
+  comm_made.splitsShare = splitsShareWith(config);
   gpu_->log().add(call + " -> " + comm_made.name);
   return blocking ? ncclSuccess : ncclInProgress;
 }
@@ -395,18 +408,121 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
   return ncclSuccess;
 }
 
+ncclResult_t RecordingNccl::commSplit(ncclComm_t handleValue, int color, int key,
+                                      ncclComm_t* newcomm, ncclConfig_t* config) {
+  const bool noColor = color == NCCL_SPLIT_NOCOLOR;
+  const std::string call = "ncclCommSplit(" + commName(handleValue) +
+                           ", color=" + (noColor ? "NOCOLOR" : std::to_string(color)) +
+                           ", key=" + std::to_string(key) + configText(config) + ")";
+  if (const std::string refusal = configRefusal(config); !refusal.empty()) {
+    gpu_->log().add(call + " failed: NCCL refuses the config (" + refusal + ")");
+    return ncclInvalidArgument;
+  }
+  if (color < 0 && !noColor) {
+    gpu_->log().violation(call + ": a color must be non-negative or NCCL_SPLIT_NOCOLOR");
+    return ncclInvalidArgument;
+  }
+  gpu_->bindDevice();
+  std::unique_lock<std::mutex> lock(mutex_);
+  Comm* parent = usable(handleValue, call);
+  if (parent == nullptr) {
+    gpu_->log().add(call + " failed");
+    return ncclInvalidArgument;
+  }
+  if (parent->device != FakeGpu::currentDevice()) {
+    gpu_->log().violation(call + " on device " + std::to_string(FakeGpu::currentDevice()) +
+                          ", not its communicator's " + std::to_string(parent->device));
+  }
+  if (const ncclResult_t injected = outcome("ncclCommSplit"); injected != ncclSuccess) {
+    gpu_->log().add(call + " failed");
+    return injected;
+  }
+  *newcomm = nullptr;  // NCCL clears it first; only a made communicator is written there
+  const bool modelled = gpu_->models().split;
+  const int nth = parent->splits++;
+  const bool shares = parent->splitsShare;
+  Comm::Shrinking making;
+  making.into = newcomm;
+  making.parent = fake::number(handleValue);
+  making.sharesAbortFlag = shares;
+  // The new one's own config is the split's, or else its parent's (then the environment).
+  making.childShrinksShare = config != nullptr ? shrinksShareWith(config) : parent->shrinksShare;
+  making.childSplitsShare = config != nullptr ? splitsShareWith(config) : parent->splitsShare;
+  making.noColor = noColor;
+  if (noColor) {
+    gpu_->log().add(call + " -> none (this rank joins no new communicator)");
+  } else {
+    making.number = commsMade_++;  // named now, for the log
+    gpu_->log().add(call + " -> " + commName(handle<ncclComm_t>(making.number)) +
+                    (shares ? ", sharing its parent's resources" : ""));
+  }
+  if (!modelled) {  // the parent's members, made at once
+    if (!noColor) {
+      const uint64_t childKey = parent->key * 1000033 + static_cast<uint64_t>(nth) + 1;
+      world_->join(childKey, parent->rank, parent->nranks, gpu_.get());
+      *newcomm = handle<ncclComm_t>(making.number);
+      made(making.number, parent->device, parent->nranks, parent->rank, childKey, false);
+    }
+    return ncclSuccess;
+  }
+  world_->joinSplit(parent->key, nth, parent->rank, parent->nranks, color, key);
+  making.splitNth = nth;
+  parent->shrinking = making;
+  if (blocksWith(config)) {
+    // NCCL's thread runs it to the end before the call returns.
+    const auto deadline = std::chrono::steady_clock::now() + kBlockingInitWait;
+    while (parent->shrinking) {
+      if (placeSplit(*parent) && parent->shrinking && world_->complete(parent->shrinking->key)) {
+        finishShrink(*parent, ncclSuccess);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        gpu_->log().add(call + " never met the other members");
+        return ncclSystemError;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+    }
+    return ncclSuccess;
+  }
+  return ncclInProgress;
+}
+
+bool RecordingNccl::placeSplit(Comm& parent) {
+  Comm::Shrinking& making = *parent.shrinking;
+  if (making.splitNth < 0) {
+    return true;
+  }
+  const auto place = world_->splitPlace(parent.key, making.splitNth, parent.rank);
+  if (!place) {
+    return false;
+  }
+  making.splitNth = -1;
+  if (making.noColor) {
+    parent.shrinking.reset();  // its part is done; nothing is written
+    return true;
+  }
+  making.key = place->key;
+  making.rank = place->rank;
+  making.nranks = place->nranks;
+  world_->join(place->key, place->rank, place->nranks, gpu_.get());
+  return true;
+}
+
 void RecordingNccl::finishShrink(Comm& parent, ncclResult_t failure) {
   const Comm::Shrinking shrinking = *std::exchange(parent.shrinking, std::nullopt);
   Comm& child = made(shrinking.number, parent.device, shrinking.nranks, shrinking.rank,
                      shrinking.key, /*blocking=*/false);
   child.asyncFailure = failure;
   child.shrinksShare = shrinking.childShrinksShare;
+  child.splitsShare = shrinking.childSplitsShare;
   if (shrinking.sharesAbortFlag) {
     child.abortFlagOf = shrinking.parent;
   }
   if (failure != ncclSuccess) {
-    gpu_->log().add("ncclCommShrink of " + parent.name + " ended by its abort: " + child.name +
-                    " failed");
+    gpu_->log().add("making " + child.name + " from " + parent.name +
+                    " ended by the parent's abort: " + child.name + " failed");
   }
   // NCCL's thread writes it with a release store when it is done.
   __atomic_store_n(shrinking.into, handle<ncclComm_t>(shrinking.number), __ATOMIC_RELEASE);
@@ -517,9 +633,11 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
   }
   comm.pending.clear();
   gpu_->stopLaunches(comm.key, comm.rank);
-  if (comm.shrinking && gpu_->models().shrink) {
-    // NCCL joins the thread making a shrunk communicator, which quits on the abort flag and
-    // hands out the new communicator, failed.
+  if (comm.shrinking && comm.shrinking->noColor) {
+    comm.shrinking.reset();  // a split that makes nothing here: NCCL's thread just quits
+  } else if (comm.shrinking) {
+    // NCCL joins the thread making a shrunk or split communicator, which quits on the abort
+    // flag and hands out the new communicator, failed.
     finishShrink(comm, ncclInternalError);
   }
   const int64_t aborted = number(handleValue);
@@ -576,7 +694,8 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
   if (comm.initPending && world_->complete(comm.key)) {
     comm.initPending = false;
   }
-  if (comm.shrinking && world_->complete(comm.shrinking->key)) {
+  if (comm.shrinking && placeSplit(comm) && comm.shrinking &&
+      world_->complete(comm.shrinking->key)) {
     finishShrink(comm, ncclSuccess);
   }
   if (!comm.pending.empty()) {

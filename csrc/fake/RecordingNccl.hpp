@@ -50,6 +50,15 @@ class RecordingNccl final : public NcclApi {
   // An NCCL older than 2.27 (FakeGpu::setNcclVersion) has no ncclCommShrink.
   ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                           ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) override;
+  // Every member of `comm` takes part (FakeNcclWorld::joinSplit); those of one color meet in
+  // a communicator of their own, ranked by key. As NCCL, a non-blocking split makes it on a
+  // thread tied to `comm` (busy meanwhile: ncclInProgress) and writes `*newcomm` once it is
+  // ready, which is once every member of `comm` has split and every member of the new one
+  // has seen that; with NCCL_SPLIT_NOCOLOR nothing is written, once every member has split.
+  // With splitShare (the config's, else NCCL_COMM_SPLIT_SHARE_RESOURCES) the new one shares
+  // `comm`'s abort flag.
+  ncclResult_t commSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                         ncclConfig_t* config) override;
   ncclResult_t commFinalize(ncclComm_t comm) override;
   ncclResult_t commDestroy(ncclComm_t comm) override;
   ncclResult_t commAbort(ncclComm_t comm) override;
@@ -106,8 +115,10 @@ class RecordingNccl final : public NcclApi {
     bool destroyed = false;
     int shrinks = 0;            // made from it so far: the n-th of each survivor meet
     bool shrinksShare = false;  // its config's (or the environment's) shrinkShare
-    // A non-blocking shrink of it that NCCL is still making: where the new one goes, and what
-    // it will be.
+    int splits = 0;             // ncclCommSplit calls on it so far: the n-th of each member meet
+    bool splitsShare = false;   // its config's (or the environment's) splitShare
+    // A non-blocking shrink or split of it that NCCL is still making: where the new one goes,
+    // and what it will be.
     struct Shrinking {
       ncclComm_t* into = nullptr;
       int64_t number = 0;
@@ -117,6 +128,11 @@ class RecordingNccl final : public NcclApi {
       int nranks = 0;
       bool sharesAbortFlag = false;
       bool childShrinksShare = false;
+      bool childSplitsShare = false;
+      // A split whose members have not all taken part yet (its key, rank and size are not
+      // known until they have): which split of the parent; -1 once known, or for a shrink.
+      int splitNth = -1;
+      bool noColor = false;  // a split that makes nothing here
     };
     std::optional<Shrinking> shrinking;
     int64_t abortFlagOf = -1;                 // the communicator whose abort flag it shares
@@ -145,6 +161,9 @@ class RecordingNccl final : public NcclApi {
   // The new communicator of `parent`'s shrink in progress, written where the caller asked:
   // failed with `failure` unless that is ncclSuccess.
   void finishShrink(Comm& parent, ncclResult_t failure);
+  // A split in progress on `parent` whose members have all taken part: its new one joins its
+  // members (or, NCCL_SPLIT_NOCOLOR, the parent is done). False while some have not.
+  bool placeSplit(Comm& parent);
   // Logs `line`, checks and issues `op` on `comm` and `stream`, its buffers `buffers`.
   ncclResult_t issue(const char* function, const std::string& line, ncclComm_t comm,
                      cudaStream_t stream, std::vector<Buffer> buffers, NcclOp op);

@@ -74,6 +74,15 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
         its first CPU op (never, for a group used only for CUDA tensors)."""
         return dist.ProcessGroupGloo(gloo_store, gloo_rank, gloo_size, _gloo_options(gloo_timeout))
 
+    parent = _split_source(dist_backend_opts.group_id)
+    if parent is not None:
+        # The subgroup's communicator is split from the default group's (ncclCommSplit), where
+        # that is live on every rank: torch has the ranks outside it take part
+        # (perform_nocolor_split). The subgroup's ranks are the default group's, so global.
+        options = Options.resolved(pg_options)
+        options._timeout = timeout
+        options.group_name = dist_backend_opts.group_id
+        return parent._split(store, global_ranks, options)
     # group_id is torch's name for the group ("0", "1", ...): NCCL's logs name it so.
     group = ProcessGroup(
         store, rank, size, timeout, pg_options,
@@ -81,6 +90,25 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     )  # fmt: skip
     group._set_global_ranks(global_ranks)
     return group
+
+
+def _split_source(group_name: str) -> ProcessGroup | None:
+    """The group a new group is split from: the default group's streamnccl backend of its bound
+    device, exactly where torch's new_group has the ranks outside the new group take part in a
+    split of it (perform_nocolor_split), so that every rank of it does. Not for the default group
+    itself, nor for a group made with use_local_synchronization (torch then names it by a hash,
+    not by its count, and the ranks outside it never call new_group)."""
+    if not dist.is_initialized() or not group_name.isdigit():
+        return None
+    default = dist.distributed_c10d._get_default_group()
+    device = default.bound_device_id
+    if device is None:
+        return None
+    try:
+        backend = default._get_backend(device)
+    except RuntimeError:
+        return None
+    return backend if isinstance(backend, ProcessGroup) else None
 
 
 def _gloo_options(timeout: timedelta) -> "dist.ProcessGroupGloo._Options":
