@@ -424,18 +424,20 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("_reset_stats", &ProcessGroup::resetStats)
       // What torch's split_group asks of every rank of this group (`options`: its pg_options),
-      // and what python/streamnccl asks of the members of a subgroup made with new_group.
+      // and, with `agreement` (the new group's name), what python/streamnccl asks of the
+      // members of a subgroup new_group makes (see ProcessGroup::splitAs).
       .def(
           "_split",
           [](ProcessGroup& self, const c10::intrusive_ptr<c10d::Store>& store,
-             const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& options) {
-            return self.split(store, ranks, options);
+             const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& options,
+             const std::string& agreement) {
+            return self.splitAs(store, ranks, options, agreement);
           },
           py::arg("store"), py::arg("ranks"), py::arg("options") = nullptr,
-          py::call_guard<py::gil_scoped_release>())
-      // torch calls this on the ranks outside a subgroup that new_group makes while the default
-      // group is bound to a device: their part in splitting this group's communicator.
-      .def("perform_nocolor_split", &ProcessGroup::performNocolorSplit, py::arg("device"),
+          py::arg("agreement") = "", py::call_guard<py::gil_scoped_release>())
+      // The part in that split of a rank outside the subgroup (python/streamnccl's
+      // perform_nocolor_split, which torch calls).
+      .def("_split_without", &ProcessGroup::splitWithout, py::arg("device"), py::arg("agreement"),
            py::call_guard<py::gil_scoped_release>());
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");

@@ -675,12 +675,12 @@ def test_the_groups_nccl_config_and_name_reach_every_communicator_it_makes():
     # Every communicator is made with the group's settings and named after the group, so that
     # NCCL_DEBUG=INFO lines say which group; lanes say which pair and direction.
     config = streamnccl.NcclConfig(
-        cga_cluster_size=2, min_ctas=4, max_ctas=8, net_name="Socket", split_share=True
+        cga_cluster_size=2, min_ctas=4, max_ctas=8, net_name="Socket", split_share=False
     )
     pg, log = _C._recording_process_group(
         dist.HashStore(), 0, SIZE, timedelta(seconds=10), config=config, group_name="trainer"
     )
-    settings = "cgaClusterSize=2, minCTAs=4, maxCTAs=8, netName=Socket, splitShare=1"
+    settings = "cgaClusterSize=2, minCTAs=4, maxCTAs=8, netName=Socket, splitShare=0"
     calls = run(pg, log, lambda pg: pg.allreduce([torch.ones(4)], options(AllreduceOptions)))
     assert calls[1] == (
         f"ncclCommInitRank(nranks=3, rank=0, nonblocking, config{{{settings}, commName=trainer}})"

@@ -5,6 +5,7 @@ NCCL_SPLIT_NOCOLOR); otherwise the subgroup connects afresh at its first op, as 
 """
 
 import gc
+import threading
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -15,7 +16,6 @@ import torch.distributed as dist
 from fakes import (
     CPU,
     connect,
-    fake_group,
     fake_ranks,
     needs_nccl_path,
     opts,
@@ -54,7 +54,7 @@ def _subgroup_stores(parts):
     return {tuple(part): dist.HashStore() for part in parts}
 
 
-def _split(parts, stores, take_part=None):
+def _split(parts, stores, take_part=None, options=None):
     """Every rank calls split with its own part (those in none, with the first), as torch's
     split_group does; a member gathers 10 + its parent rank in the subgroup."""
 
@@ -64,7 +64,7 @@ def _split(parts, stores, take_part=None):
         if take_part is not None and rank not in mine:
             take_part(rank, pg)
             return None, None, gpu.calls()
-        child = pg._split(stores[tuple(mine)], mine)
+        child = pg._split(stores[tuple(mine)], mine, options)
         if child is None:
             return None, None, gpu.calls()
         return child, _gather(child, gpu, 10 + rank), gpu.calls()
@@ -108,23 +108,6 @@ def test_ranks_outside_the_subgroup_take_part_in_its_split_and_the_parent_goes_o
     # The parent is free again on every rank once the split is done.
     sums = run_ranks(groups, lambda rank, pg, gpu: _all_reduce(pg, gpu, rank + 1))
     assert [s.tolist() for s in sums] == [[6.0] * 4] * 3
-    _end(groups, results)
-
-
-def test_new_groups_ranks_outside_take_part_through_perform_nocolor_split():
-    # What torch's new_group does with a bound default group: the creator of the subgroup
-    # splits on its members (python/streamnccl), the others get perform_nocolor_split.
-    groups = connect(fake_ranks(3))
-    parts = [[1, 2]]
-    results = run_ranks(
-        groups,
-        _split(
-            parts, _subgroup_stores(parts), take_part=lambda r, pg: pg.perform_nocolor_split(CPU)
-        ),
-    )
-    assert [gathered for _, gathered, _ in results] == [None, [11, 12], [11, 12]]
-    assert results[0][2][0].startswith("ncclCommSplit(C0, color=NOCOLOR"), results[0][2]
-    assert results[1][2][0] == "ncclCommSplit(C0, color=1, key=0) -> C1", results[1][2]
     _end(groups, results)
 
 
@@ -211,20 +194,17 @@ def test_ranks_whose_split_never_completes_abort_the_parent_within_the_timeout()
     # parent's abort ends NCCL's part in it: the parent breaks, and says so.
     store = dist.HashStore()
     groups = connect(fake_ranks(4, timeout=timedelta(seconds=2), store=store))
-    live = "streamnccl/split/0/streamnccl/live/"
+    agreement = "streamnccl/split/0/streamnccl/"
     stores = _subgroup_stores([[0, 1]])
 
     def split_without_rank_three(rank, pg, gpu):
-        if rank == 3:
-            store.wait([live + "0"])
-            store.set(live + "3", store.get(live + "0"))
+        if rank == 3:  # counts itself in with its communicator live, as a rank that splits
+            store.add(agreement + "live/streamnccl/ncclUniqueId/0", 1)
+            store.add(agreement + "arrived", 1)
             return None
         gpu.clear()
         with pytest.raises(dist.DistBackendError, match="did not finish|another member gave up"):
-            if rank == 2:
-                pg.perform_nocolor_split(CPU)
-            else:
-                pg._split(stores[(0, 1)], [0, 1])
+            pg._split(stores[(0, 1)], [0, 1])
         with pytest.raises(dist.DistBackendError):
             _all_reduce(pg, gpu, 1)  # the parent is broken
         return gpu.calls()
@@ -251,10 +231,7 @@ def test_a_member_whose_split_fails_ends_the_others_at_once():
             gpu.fail_next("ncclCommSplit")
         expected = "injected failure" if rank == 0 else "another member gave up.*injected"
         with pytest.raises(dist.DistBackendError, match=expected):
-            if rank == 2:
-                pg.perform_nocolor_split(CPU)
-            else:
-                pg._split(stores[(0, 1)], [0, 1])
+            pg._split(stores[(0, 1)], [0, 1])
         return gpu.calls()
 
     calls = run_ranks(groups, one_fails, timeout_s=30)
@@ -268,62 +245,180 @@ def test_a_member_whose_split_fails_ends_the_others_at_once():
         assert gpu.violations() == []
 
 
-def test_a_split_with_split_share_shares_the_parents_resources():
-    # NcclConfig(split_share=True) is the user's choice: NCCL then gives the new communicator
-    # the parent's resources, its abort flag among them.
+def test_split_share_is_refused_where_the_group_is_made(monkeypatch):
+    # NCCL would give a split communicator its parent's abort flag, both ways: a subgroup that
+    # breaks would stop the parent's kernels, which then fail silently.
+    with pytest.raises(ValueError, match="config.split_share is true"):
+        streamnccl.Options(config=streamnccl.NcclConfig(split_share=True)).resolved()
+    monkeypatch.setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1")
+    with pytest.raises(ValueError, match="NCCL_COMM_SPLIT_SHARE_RESOURCES is set"):
+        streamnccl.Options().resolved()
+
+
+def test_the_fake_shares_the_abort_flag_of_a_parent_made_with_split_share():
+    # The model behind that refusal (the recording group takes its config unchecked).
     groups = connect(fake_ranks(2, config=streamnccl.NcclConfig(split_share=True)))
     parts = [[0, 1]]
-    results = run_ranks(groups, _split(parts, _subgroup_stores(parts)))
+    own = streamnccl.Options()  # the subgroup's, checked: without split_share
+    own._timeout = timedelta(seconds=20)
+    results = run_ranks(groups, _split(parts, _subgroup_stores(parts), options=own))
     for _, gathered, calls in results:
         assert gathered == [10, 11]
         assert calls[0].endswith("-> C1, sharing its parent's resources"), calls
     _end(groups, results)
 
 
-def _bound_default_group(monkeypatch, parent):
-    """Stands in torch's default group, bound to the fake's device with `parent` its backend
-    there, as after init_process_group(device_id=...)."""
+class _BoundWorld:
+    """torch's making of new groups over fake ranks (threads of this process), after
+    init_process_group(device_id=...): a default group bound to the fake's device, whose
+    backend there is the calling rank's group."""
 
-    class DefaultGroup:
-        bound_device_id = CPU
+    def __init__(self, monkeypatch, groups):
+        self.parents = {}  # by thread
+        self.stores = {}  # by new group's name, as torch's prefix store per group
+        world = self
 
-        @staticmethod
-        def _get_backend(device):
-            assert device == CPU
-            return parent
+        class DefaultGroup:
+            bound_device_id = CPU
 
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist.distributed_c10d, "_get_default_group", DefaultGroup)
+            @staticmethod
+            def _get_backend(device):
+                assert device == CPU
+                return world.parents[threading.get_ident()]
+
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist.distributed_c10d, "_get_default_group", DefaultGroup)
+
+    def new_group(self, rank, pg, ranks, group_name, backend="streamnccl"):
+        self.parents[threading.get_ident()] = pg
+        store = self.stores.setdefault(group_name, dist.HashStore())
+        return _new_process_group_helper(rank, ranks, backend, store, group_name)
 
 
-def _backend_options(group_id):
-    """What torch hands streamnccl's creator for new_group's group named `group_id`."""
-    return SimpleNamespace(
-        store=dist.HashStore(), group_rank=0, group_size=1, timeout=timedelta(seconds=10),
-        group_id=group_id, global_ranks_in_group=[0],
+def _new_process_group_helper(global_rank, global_ranks_in_group, backend, store, group_name):
+    """What torch's function of this name does for new_group with a bound default group; its
+    locals `backend` and `group_name` are the ones streamnccl reads, as in torch's."""
+    default = dist.distributed_c10d._get_default_group()
+    split_from = dist.distributed_c10d._get_split_source(default)
+    if global_rank not in global_ranks_in_group:
+        if split_from:
+            split_from.perform_nocolor_split(default.bound_device_id)
+        return None
+    if (
+        dist.distributed_c10d.BackendConfig(dist.Backend(backend))
+        .get_device_backend_map()
+        .get("cuda")
+        != "streamnccl"
+    ):
+        return "made by another backend"
+    options = SimpleNamespace(
+        store=store, group_rank=global_ranks_in_group.index(global_rank),
+        group_size=len(global_ranks_in_group), timeout=timedelta(seconds=20),
+        group_id=group_name, global_ranks_in_group=global_ranks_in_group,
     )  # fmt: skip
+    return streamnccl._create_backend(options, None)
 
 
 def test_new_group_on_a_bound_default_group_is_split_from_it(monkeypatch):
-    parent, gpu = connect([fake_group(rank=0, size=1)])[0]
-    _bound_default_group(monkeypatch, parent)
-    gpu.clear()
-    child = streamnccl._create_backend(_backend_options("1"), None)
-    assert gpu.calls()[0] == "ncclCommSplit(C0, color=0, key=0) -> C1", gpu.calls()
-    assert child.options.group_name == "1"  # NCCL's logs name the new group
-    assert _all_reduce(child, gpu, 3).tolist() == [3.0] * 4
-    child.shutdown()
-    parent.shutdown()
+    # The members split in the creator, the others in perform_nocolor_split, all meeting under
+    # the new group's name; then a second new_group, of all ranks.
+    groups = connect(fake_ranks(3))
+    torch_ = _BoundWorld(monkeypatch, groups)
+
+    def two_new_groups(rank, pg, gpu):
+        gpu.clear()
+        some = torch_.new_group(rank, pg, [1, 2], "1")
+        gathered = _gather(some, gpu, 10 + rank) if some else None
+        every = torch_.new_group(rank, pg, [0, 1, 2], "2")
+        return some, gathered, every, _gather(every, gpu, 20 + rank), gpu.calls()
+
+    results = run_ranks(groups, two_new_groups)
+    assert [r[1] for r in results] == [None, [11, 12], [11, 12]]
+    assert [r[3] for r in results] == [[20, 21, 22]] * 3
+    for rank, (_, _, every, _, calls) in enumerate(results):
+        splits = [c for c in calls if c.startswith("ncclCommSplit")]
+        first = "color=NOCOLOR, key=0" if rank == 0 else f"color=1, key={rank - 1}"
+        assert splits[0].startswith(f"ncclCommSplit(C0, {first})"), splits
+        assert splits[1].startswith(f"ncclCommSplit(C0, color=0, key={rank})"), splits
+        assert not [c for c in calls if c.startswith("ncclCommInitRank")], calls
+        assert every.options.group_name == "2"  # NCCL's logs name the new group
+    children = [
+        (child, gpu)
+        for (some, _, every, _, _), (_, gpu) in zip(results, groups, strict=True)
+        for child in (some, every)
+        if child
+    ]
+    run_ranks(children, lambda rank, child, gpu: child.shutdown())
+    shut_down(groups)
+    for _, gpu in groups:
+        assert gpu.violations() == []
+
+
+def test_a_subset_group_of_another_backend_leaves_the_others_out_of_any_split(monkeypatch):
+    # new_group([0, 1], backend="gloo") on a bound world: torch still calls
+    # perform_nocolor_split on rank 2, whose members never reach streamnccl. It must neither
+    # wait for them nor throw later splits out of step.
+    groups = connect(fake_ranks(3))
+    torch_ = _BoundWorld(monkeypatch, groups)
+    stores = _subgroup_stores([[0, 1]])
+
+    def gloo_group_then_split(rank, pg, gpu):
+        gpu.clear()
+        torch_.new_group(rank, pg, [0, 1], "1", backend="gloo")
+        assert gpu.calls() == []
+        child = pg._split(stores[(0, 1)], [0, 1])
+        return child, _gather(child, gpu, 10 + rank) if child else None, gpu.calls()
+
+    results = run_ranks(groups, gloo_group_then_split)
+    assert [gathered for _, gathered, _ in results] == [[10, 11], [10, 11], None]
+    assert results[2][2][0].startswith("ncclCommSplit(C0, color=NOCOLOR"), results[2][2]
+    _end(groups, results)
 
 
 def test_new_group_with_local_synchronization_is_not_split(monkeypatch):
     # torch names such a group by a hash, and the ranks outside it never call new_group: a
-    # split would wait for them.
-    parent, gpu = connect([fake_group(rank=0, size=1)])[0]
-    _bound_default_group(monkeypatch, parent)
-    gpu.clear()
-    child = streamnccl._create_backend(_backend_options("3f2c9a"), None)
-    assert isinstance(child, streamnccl.ProcessGroup)
-    assert gpu.calls() == []
-    child.shutdown()
-    parent.shutdown()
+    # split would wait for them. Its members connect afresh.
+    groups = connect(fake_ranks(2))
+    torch_ = _BoundWorld(monkeypatch, groups)
+
+    def members_only(rank, pg, gpu):
+        gpu.clear()
+        group = torch_.new_group(rank, pg, [0, 1], "3f2c9a7e")
+        return group, _gather(group, gpu, 10 + rank), gpu.calls()
+
+    results = run_ranks(groups, members_only)
+    for _, gathered, calls in results:
+        assert gathered == [10, 11]  # over paths of its own (here a real group's, on CPU)
+        assert calls == [], calls  # nothing of the default group's
+    _end(groups, results)
+
+
+def test_a_rank_outside_takes_part_in_each_of_two_splits_in_a_row():
+    # torch makes a fresh store for each split_group and drops it; the next one may be made at
+    # the same address. A rank outside both subgroups must still take part in the second split
+    # (it was taken for torch's second ask of the first, and skipped).
+    groups = connect(fake_ranks(3))
+    base = dist.HashStore()
+
+    def two_splits(rank, pg, gpu):
+        gpu.clear()
+        gathered = []
+        for n in range(2):
+            child = pg._split(dist.PrefixStore(f"split{n}/", base), [0, 1])
+            gathered.append(_gather(child, gpu, 10 + rank) if child else None)
+            gathered.append(child)
+        return gathered, gpu.calls()
+
+    results = run_ranks(groups, two_splits)
+    nocolor = [c for c in results[2][1] if "color=NOCOLOR" in c]
+    assert len(nocolor) == 2, results[2][1]
+    for rank in (0, 1):
+        gathered = results[rank][0]
+        assert gathered[0] == gathered[2] == [10, 11]
+    children = [
+        (child, gpu)
+        for (gathered, _), (_, gpu) in zip(results[:2], groups[:2], strict=True)
+        for child in gathered[1::2]
+    ]
+    run_ranks(children, lambda rank, child, gpu: child.shutdown())
+    shut_down(groups)

@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
   }
   group->setGlobalRanks(std::move(globalRanks));
   for (auto& [device, path] : paths) {
-    group->adoptPath(device, std::move(path));
+    group->adoptPath(device, std::move(path), "shrink");
   }
   shrunk_.store(true);
   if (abortInFlight) {

@@ -143,6 +143,18 @@ void checkNcclConfig(Options::NcclConfig& config) {
                     "streamnccl: NCCL_COMM_BLOCKING=1 makes every NCCL communicator blocking, ",
                     "and then neither abort() nor the group's timeout can end a call stuck in ",
                     "NCCL (a communicator's making, a shrink): unset it or set it to 0");
+  // A subgroup split from a communicator made with splitShare shares its abort flag, both
+  // ways: the subgroup's abort (its timeout, its breaking) would stop this group's kernels too,
+  // and they would then fail silently, wrong data and no error. Each group is aborted alone.
+  TORCH_CHECK_VALUE(!config.splitShare.value_or(false),
+                    "streamnccl: config.split_share is true: a subgroup split from this group ",
+                    "would share its communicator's abort flag, so a subgroup that breaks (a ",
+                    "timeout, abort()) would stop this group's NCCL kernels too, silently: leave ",
+                    "it unset or false");
+  TORCH_CHECK_VALUE(ncclIntFromEnv("NCCL_COMM_SPLIT_SHARE_RESOURCES").value_or(0) == 0,
+                    "streamnccl: NCCL_COMM_SPLIT_SHARE_RESOURCES is set: a subgroup split from a ",
+                    "group would share its communicator's abort flag, so a subgroup that breaks ",
+                    "would stop the group's NCCL kernels too, silently: unset it or set it to 0");
   TORCH_CHECK_VALUE(ncclIntFromEnv("NCCL_COMM_SHRINK_SHARE_RESOURCES").value_or(0) == 0,
                     "streamnccl: NCCL_COMM_SHRINK_SHARE_RESOURCES is set: a shrunk group's ",
                     "communicator would share the old one's abort flag, and the old group, ",

@@ -214,21 +214,22 @@ Path& ProcessGroup::pathFor(const c10::Device& requested, const char* op) {
   });
 }
 
-void ProcessGroup::adoptPath(const c10::Device& device, std::unique_ptr<Path> path) {
+void ProcessGroup::adoptPath(const c10::Device& device, std::unique_ptr<Path> path,
+                             const char* op) {
   paths_.get(device, [&] {
-    openOrRefuse("shrink", device, [&] {
+    openOrRefuse(op, device, [&] {
       watchdog_->watch(path->communicator);
-      path->communicator->waitReady();  // the survivors all shrink now: this waits for them
+      path->communicator->waitReady();  // the others all make it now: this waits for them
     });
     return std::move(path);
   });
 }
 
-c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
+c10::intrusive_ptr<c10d::Backend> ProcessGroup::splitAs(
     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
-    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts, const std::string& agreement) {
   std::lock_guard<std::mutex> lock(splitMutex_);
-  if (lastSplit_ && lastSplit_->store == store.get() && lastSplit_->ranks == ranks) {
+  if (lastSplit_ && lastSplit_->store == store && lastSplit_->ranks == ranks) {
     return lastSplit_->group;
   }
   const auto me = std::find(ranks.begin(), ranks.end(), getRank());
@@ -238,12 +239,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
   if (opts) {
     options->timeout = opts->timeout;
   }
-  const PathFactory::SplitOf of = splitOf(options->timeout);
+  const PathFactory::SplitOf of = splitOf(agreement, options->timeout);
   if (me == ranks.end()) {
     for (const auto& [type, factory] : factories_) {
       factory->splitWithout(ofType(of, type));
     }
-    lastSplit_ = LastSplit{store.get(), ranks, nullptr};
+    lastSplit_ = LastSplit{store, ranks, nullptr};
     return nullptr;
   }
   // torch makes a subgroup's store from its own, which a restarted torchelastic worker shares
@@ -273,28 +274,28 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::split(
   }
   group->setGlobalRanks(std::move(globalRanks));
   for (auto& [device, path] : paths) {
-    group->adoptPath(device, std::move(path));
+    group->adoptPath(device, std::move(path), "split");
   }
-  lastSplit_ = LastSplit{store.get(), ranks, group};
+  lastSplit_ = LastSplit{store, ranks, group};
   return group;
 }
 
-void ProcessGroup::performNocolorSplit(const c10::Device& device) {
+void ProcessGroup::splitWithout(const c10::Device& device, const std::string& agreement) {
   std::lock_guard<std::mutex> lock(splitMutex_);
-  const PathFactory::SplitOf of = splitOf(options_->timeout);
+  const PathFactory::SplitOf of = splitOf(agreement, options_->timeout);
   factoryFor(device, "split").splitWithout(ofType(of, device.type()));
   lastSplit_.reset();
 }
 
-PathFactory::SplitOf ProcessGroup::splitOf(std::chrono::milliseconds timeout) {
+PathFactory::SplitOf ProcessGroup::splitOf(const std::string& agreement,
+                                           std::chrono::milliseconds timeout) {
   PathFactory::SplitOf of;
-  // Every rank of this group splits it in the same order (torch requires it, as NCCL does), so
-  // the n-th split of each meets under the same prefix.
   if (store_) {
-    of.store = c10::make_intrusive<c10d::PrefixStore>("streamnccl/split/" + std::to_string(splits_),
-                                                      store_);  // PrefixStore adds the "/"
+    // split_group's: every rank of this group splits it in the same order (torch requires it,
+    // as NCCL does), so the n-th split of each meets under the same prefix.
+    const std::string name = agreement.empty() ? std::to_string(splits_++) : agreement;
+    of.store = c10::make_intrusive<c10d::PrefixStore>("streamnccl/split/" + name, store_);
   }
-  ++splits_;
   of.rank = getRank();
   of.size = getSize();
   of.opened = paths_.made();

@@ -56,11 +56,20 @@ class ProcessGroup final : public c10d::Backend {
   // take part in that; else the subgroup connects afresh at its first op.
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
-      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override {
+    return splitAs(store, ranks, opts, "");
+  }
+  // split() where the ranks of this group meet under the name `agreement`, which they all
+  // know (new_group's name), instead of under this group's count of splits (split_group's
+  // ranks name their subgroups apart, and all of them split in the same order).
+  c10::intrusive_ptr<c10d::Backend> splitAs(const c10::intrusive_ptr<c10d::Store>& store,
+                                            const std::vector<int>& ranks,
+                                            const c10::intrusive_ptr<c10d::Backend::Options>& opts,
+                                            const std::string& agreement);
   // A rank's part in a split of this group into a subgroup it is not in, when torch makes
-  // that subgroup with new_group (which then calls this on the ranks outside it, and the
-  // creator of the subgroup calls split() on those in it). As split() otherwise.
-  void performNocolorSplit(const c10::Device& device);
+  // that subgroup with new_group (torch's perform_nocolor_split on the ranks outside it, while
+  // the creator of the subgroup calls splitAs() on those in it), meeting as `agreement`.
+  void splitWithout(const c10::Device& device, const std::string& agreement);
   bool supportsShrinking() const override { return true; }
   // The group without `ranksToExclude` (this group's ranks), its survivors renumbered in
   // order, with connections of its own (GroupShrink.cpp). Collective over the survivors only;
@@ -93,9 +102,9 @@ class ProcessGroup final : public c10d::Backend {
   // the first op. Collective: every rank calls it.
   void eagerConnectSingleDevice(at::Device device) override;
 
-  // Makes `path` this group's path for `device`, as if opened at a first op (a shrunk group's
-  // paths made from the old group's).
-  void adoptPath(const c10::Device& device, std::unique_ptr<Path> path);
+  // Makes `path` this group's path for `device`, as if opened at a first op (a split or shrunk
+  // group's paths made from its parent's by `op`).
+  void adoptPath(const c10::Device& device, std::unique_ptr<Path> path, const char* op);
 
   // The global rank of each member (torch's global_ranks_in_group; by default the group's own
   // ranks), which the flight recorder's dump and the profiler's metadata name.
@@ -259,9 +268,10 @@ class ProcessGroup final : public c10d::Backend {
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
   c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
-  // The next split of this group, as its factories see it (PathFactory::SplitOf), its
-  // subgroup's paths made within `timeout`. With splitMutex_ held.
-  PathFactory::SplitOf splitOf(std::chrono::milliseconds timeout);
+  // The next split of this group, as its factories see it (PathFactory::SplitOf), meeting as
+  // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
+  // With splitMutex_ held.
+  PathFactory::SplitOf splitOf(const std::string& agreement, std::chrono::milliseconds timeout);
   // `of` with only the opened paths of devices of `type`.
   static PathFactory::SplitOf ofType(const PathFactory::SplitOf& of, c10::DeviceType type);
 
@@ -307,13 +317,13 @@ class ProcessGroup final : public c10d::Backend {
   // torch asks a backend serving several device types to split once per type: the second
   // ask, for the same store and ranks, gets the first one's group (or, outside it, null).
   struct LastSplit {
-    const c10d::Store* store;
+    c10::intrusive_ptr<c10d::Store> store;  // held: a new one at the same address is not it
     std::vector<int> ranks;
     c10::intrusive_ptr<c10d::Backend> group;
   };
   std::mutex splitMutex_;
   std::optional<LastSplit> lastSplit_;
-  int splits_ = 0;  // splits of this group so far, new_group's included
+  int splits_ = 0;  // split_group's splits of this group so far
   // Shrinks of this group so far: each new group meets under a store prefix of its own.
   int shrinks_ = 0;
   // Once shrunk, its communicators are aborted at close rather than finalized: finalizing

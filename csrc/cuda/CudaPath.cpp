@@ -23,32 +23,28 @@ std::string rankName(int rank, int size, const c10::Device& device) {
 
 // Which of `mine` (communicator keys) every one of `ranks` has live, as they agree through
 // `store`: a communicator is shrunk or split only where all of them can take part (one broken
-// on some rank was aborted there, and NCCL would wait for it forever). A rank that does not
-// see the others in time says so under kChildFailedKey, so that one arriving late fails at once
-// instead of waiting alone: every one of them then counts this shrink or split as done, failed.
-// `what`: "shrink" or "split", for messages.
+// on some rank was aborted there, and NCCL would wait for it forever). Each rank counts itself
+// in for every communicator it has live, then as arrived; once all have arrived, a
+// communicator counted by all of them is live on all of them: a few Store requests per rank,
+// whatever the number of ranks. A rank that does not see the others in time says so under
+// kChildFailedKey, so that one arriving late fails at once instead of waiting alone: every
+// one of them then counts this shrink or split as done, failed. `what`: "shrink" or "split".
 std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
                                       const std::set<std::string>& mine,
                                       std::chrono::milliseconds timeout, const std::string& what) {
   const std::string who =
       "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(ranks) + "] " + what + ": ";
-  const std::string joined = c10::Join(",", mine);
-  store.set("streamnccl/live/" + std::to_string(rank),
-            std::vector<uint8_t>(joined.begin(), joined.end()));
-  std::vector<std::string> keys;
-  for (int peer = 0; peer < ranks; ++peer) {
-    keys.push_back("streamnccl/live/" + std::to_string(peer));
+  for (const std::string& key : mine) {
+    store.add("streamnccl/live/" + key, 1);
   }
+  store.add("streamnccl/arrived", 1);  // after its counts: one that sees all arrived sees them
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
-  while (true) {
+  while (store.add("streamnccl/arrived", 0) < ranks) {
     if (store.check({kChildFailedKey})) {
       const auto why = store.get(kChildFailedKey);
       throwDistBackendError(who +
                             "another member gave up on it: " + std::string(why.begin(), why.end()));
-    }
-    if (store.check(keys)) {
-      break;
     }
     if (std::chrono::steady_clock::now() > deadline) {
       const std::string why = "rank " + std::to_string(rank) + " did not see every rank call it " +
@@ -60,20 +56,11 @@ std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
-  std::set<std::string> common = mine;
-  for (const std::string& key : keys) {
-    const auto bytes = store.get(key);
-    std::set<std::string> theirs;
-    std::string text(bytes.begin(), bytes.end());
-    for (size_t start = 0; start < text.size();) {
-      const size_t end = std::min(text.find(',', start), text.size());
-      theirs.insert(text.substr(start, end - start));
-      start = end + 1;
+  std::set<std::string> common;
+  for (const std::string& key : mine) {
+    if (store.add("streamnccl/live/" + key, 0) == ranks) {
+      common.insert(key);
     }
-    std::set<std::string> both;
-    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(),
-                          std::inserter(both, both.begin()));
-    common.swap(both);
   }
   return common;
 }

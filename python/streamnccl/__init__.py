@@ -9,6 +9,7 @@ Importing this package registers the backend ``"streamnccl"`` for cpu and cuda t
 import atexit
 import os
 import pickle
+import sys
 from datetime import timedelta
 
 import torch
@@ -74,15 +75,18 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
         its first CPU op (never, for a group used only for CUDA tensors)."""
         return dist.ProcessGroupGloo(gloo_store, gloo_rank, gloo_size, _gloo_options(gloo_timeout))
 
-    parent = _split_source(dist_backend_opts.group_id)
+    # torch calls this creator from where it makes the group, whose locals name it.
+    parent = _split_source(sys._getframe(1).f_locals)
     if parent is not None:
         # The subgroup's communicator is split from the default group's (ncclCommSplit), where
-        # that is live on every rank: torch has the ranks outside it take part
-        # (perform_nocolor_split). The subgroup's ranks are the default group's, so global.
+        # that is live on every rank; the ranks outside it take part (perform_nocolor_split),
+        # and all meet under the group's name. Its ranks are the default group's, so global.
         options = Options.resolved(pg_options)
         options._timeout = timeout
         options.group_name = dist_backend_opts.group_id
-        return parent._split(store, global_ranks, options)
+        return parent._split(
+            store, global_ranks, options, agreement=f"new_group/{dist_backend_opts.group_id}"
+        )
     # group_id is torch's name for the group ("0", "1", ...): NCCL's logs name it so.
     group = ProcessGroup(
         store, rank, size, timeout, pg_options,
@@ -92,23 +96,40 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     return group
 
 
-def _split_source(group_name: str) -> ProcessGroup | None:
-    """The group a new group is split from: the default group's streamnccl backend of its bound
-    device, exactly where torch's new_group has the ranks outside the new group take part in a
-    split of it (perform_nocolor_split), so that every rank of it does. Not for the default group
-    itself, nor for a group made with use_local_synchronization (torch then names it by a hash,
-    not by its count, and the ranks outside it never call new_group)."""
-    if not dist.is_initialized() or not group_name.isdigit():
+def _split_source(maker: dict) -> ProcessGroup | None:
+    """The group a new group is split from, where its making (torch's _new_process_group_helper,
+    whose locals are `maker`) has every rank of the default group take part in a split of it:
+    torch's own split source (the default group's backend of its bound device), when that is a
+    streamnccl group and the new group's CUDA backend is streamnccl. Decided the same way on the
+    ranks in the new group (its creator) and outside it (perform_nocolor_split), from what
+    torch's making of it holds. Not for the default group itself, nor for a group made with
+    use_local_synchronization, which torch names by a hash and whose ranks outside it never
+    call new_group."""
+    group_name, backend = maker.get("group_name"), maker.get("backend")
+    if not isinstance(group_name, str) or not group_name.isdigit() or backend is None:
+        return None
+    if not dist.is_initialized():
         return None
     default = dist.distributed_c10d._get_default_group()
     device = default.bound_device_id
     if device is None:
         return None
-    try:
-        backend = default._get_backend(device)
-    except RuntimeError:
-        return None
-    return backend if isinstance(backend, ProcessGroup) else None
+    devices = dist.distributed_c10d.BackendConfig(dist.Backend(backend)).get_device_backend_map()
+    if devices.get(device.type) != "streamnccl":
+        return None  # its members never reach streamnccl's creator
+    source = dist.distributed_c10d._get_split_source(default)
+    return source if isinstance(source, ProcessGroup) else None
+
+
+def _perform_nocolor_split(self: ProcessGroup, device: torch.device) -> None:
+    """What torch's new_group calls, on a bound default group's backend, on the ranks outside
+    the new group: their part in the split its members make (see _split_source)."""
+    maker = sys._getframe(1).f_locals
+    if _split_source(maker) is self:
+        self._split_without(device, agreement=f"new_group/{maker['group_name']}")
+
+
+ProcessGroup.perform_nocolor_split = _perform_nocolor_split
 
 
 def _gloo_options(timeout: timedelta) -> "dist.ProcessGroupGloo._Options":
