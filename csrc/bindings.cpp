@@ -438,6 +438,8 @@ PYBIND11_MODULE(_C, m) {
       // The part in that split of a rank outside the subgroup (python/streamnccl's
       // perform_nocolor_split, which torch calls).
       .def("_split_without", &ProcessGroup::splitWithout, py::arg("device"), py::arg("agreement"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_refuse_split", &ProcessGroup::refuseSplit, py::arg("agreement"), py::arg("why"),
            py::call_guard<py::gil_scoped_release>());
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");

@@ -19,6 +19,7 @@ from fakes import (
     fake_ranks,
     needs_nccl_path,
     opts,
+    run_child,
     run_ranks,
     shut_down,
 )
@@ -289,13 +290,15 @@ class _BoundWorld:
         monkeypatch.setattr(dist, "is_initialized", lambda: True)
         monkeypatch.setattr(dist.distributed_c10d, "_get_default_group", DefaultGroup)
 
-    def new_group(self, rank, pg, ranks, group_name, backend="streamnccl"):
+    def new_group(self, rank, pg, ranks, group_name, backend="streamnccl", options=None):
         self.parents[threading.get_ident()] = pg
         store = self.stores.setdefault(group_name, dist.HashStore())
-        return _new_process_group_helper(rank, ranks, backend, store, group_name)
+        return _new_process_group_helper(rank, ranks, backend, store, group_name, options)
 
 
-def _new_process_group_helper(global_rank, global_ranks_in_group, backend, store, group_name):
+def _new_process_group_helper(
+    global_rank, global_ranks_in_group, backend, store, group_name, backend_options=None
+):
     """What torch's function of this name does for new_group with a bound default group; its
     locals `backend` and `group_name` are the ones streamnccl reads, as in torch's."""
     default = dist.distributed_c10d._get_default_group()
@@ -316,7 +319,7 @@ def _new_process_group_helper(global_rank, global_ranks_in_group, backend, store
         group_size=len(global_ranks_in_group), timeout=timedelta(seconds=20),
         group_id=group_name, global_ranks_in_group=global_ranks_in_group,
     )  # fmt: skip
-    return streamnccl._create_backend(options, None)
+    return streamnccl._create_backend(options, backend_options)
 
 
 def test_new_group_on_a_bound_default_group_is_split_from_it(monkeypatch):
@@ -422,3 +425,93 @@ def test_a_rank_outside_takes_part_in_each_of_two_splits_in_a_row():
     ]
     run_ranks(children, lambda rank, child, gpu: child.shutdown())
     shut_down(groups)
+
+
+def test_a_rank_arriving_after_the_others_gave_up_makes_no_split_and_breaks_nothing():
+    # Rank 1 comes only once rank 0 has given up waiting for it: it must not start an NCCL split
+    # rank 0 will never make (and then abort its healthy parent to end it).
+    store = dist.HashStore()
+    groups = connect(fake_ranks(2, timeout=timedelta(seconds=1), store=store))
+    stores = _subgroup_stores([[0, 1]])
+
+    def late_rank_one(rank, pg, gpu):
+        gpu.clear()
+        if rank == 1:
+            store.wait(["streamnccl/split/0/streamnccl/verdict"], timedelta(seconds=20))
+        with pytest.raises(dist.DistBackendError, match="within 1000 ms|another member gave up"):
+            pg._split(stores[(0, 1)], [0, 1])
+        return gpu.calls()
+
+    for calls in run_ranks(groups, late_rank_one):
+        assert calls == [], calls
+    sums = run_ranks(groups, lambda rank, pg, gpu: _all_reduce(pg, gpu, rank + 1))
+    assert [s.tolist() for s in sums] == [[3.0] * 4] * 2  # both parents go on
+    shut_down(groups)
+
+
+def test_a_member_whose_new_group_options_are_refused_ends_the_others_wait(monkeypatch):
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=120)))
+    torch_ = _BoundWorld(monkeypatch, groups)
+    refused = streamnccl.Options(config=streamnccl.NcclConfig(split_share=True))
+
+    def refused_on_members(rank, pg, gpu):
+        gpu.clear()
+        expected = "split_share" if rank else "another member gave up.*split_share"
+        with pytest.raises((ValueError, dist.DistBackendError), match=expected):
+            torch_.new_group(rank, pg, [1, 2], "1", options=refused)
+        return gpu.calls()
+
+    # Within the run's 30 s, not the group's 120 s timeout: rank 0 learns at once.
+    for calls in run_ranks(groups, refused_on_members):
+        assert calls == [], calls
+    shut_down(groups)
+
+
+TORCHS_OWN_NEW_GROUP = """
+    import threading
+    from datetime import timedelta
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    groups = t.connect(t.fake_ranks(2))
+    parents = {}
+
+    class DefaultGroup:  # bound to the fake's device, as after init_process_group(device_id=...)
+        bound_device_id = t.CPU
+
+        @staticmethod
+        def _get_backend(device):
+            return parents[threading.get_ident()][0]
+
+        @staticmethod
+        def rank():
+            return parents[threading.get_ident()][1]
+
+    c10d.is_initialized = lambda: True
+    dist.is_initialized = lambda: True
+    c10d._get_default_group = lambda: DefaultGroup
+    base = dist.HashStore()
+
+    def two_groups(rank, pg, gpu):
+        parents[threading.get_ident()] = (pg, rank)
+        gpu.clear()
+        for name, members in (("1", [1]), ("2", [0])):
+            c10d._new_process_group_helper(
+                len(members), members.index(rank) if rank in members else -1, members,
+                c10d.Backend("streamnccl"), base, c10d.GroupName(name),
+                timeout=timedelta(seconds=20),
+            )
+        return [c.split(" -> ")[0] for c in gpu.calls() if c.startswith("ncclCommSplit")]
+
+    print(t.run_ranks(groups, two_groups))
+"""
+
+
+def test_torchs_own_new_group_splits_alike_on_members_and_the_others():
+    # Through torch's _new_process_group_helper itself (in a child: it registers groups in
+    # torch's world), whose frame streamnccl reads on both sides.
+    printed = run_child("test_nccl_split", TORCHS_OWN_NEW_GROUP)
+    assert printed.strip().splitlines()[-1] == str([
+        ["ncclCommSplit(C0, color=NOCOLOR, key=0)", "ncclCommSplit(C0, color=0, key=0)"],
+        ["ncclCommSplit(C0, color=1, key=0)", "ncclCommSplit(C0, color=NOCOLOR, key=0)"],
+    ])  # fmt: skip

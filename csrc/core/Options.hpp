@@ -51,10 +51,10 @@ class Options : public c10d::Backend::Options {
 
   // How NCCL makes the group's communicators: the fields of ncclConfig_t that
   // ProcessGroupNCCL.Options().config exposes. Unset, a field is NCCL's own default. NCCL's
-  // own variables (NCCL_CGA_CLUSTER_SIZE, NCCL_MIN_CTAS, NCCL_MAX_CTAS, NCCL_NET,
-  // NCCL_COMM_SPLIT_SHARE_RESOURCES) override a field even where it is set. Checked by
-  // fromEnv(), which refuses what NCCL would, and the two NCCL variables that would undo
-  // streamnccl's own settings (NCCL_COMM_BLOCKING=1, NCCL_COMM_SHRINK_SHARE_RESOURCES).
+  // own variables (NCCL_CGA_CLUSTER_SIZE, NCCL_MIN_CTAS, NCCL_MAX_CTAS, NCCL_NET) override a
+  // field even where it is set. Checked by fromEnv(), which refuses what NCCL would, and the
+  // three NCCL variables that would undo streamnccl's own settings (NCCL_COMM_BLOCKING=1,
+  // NCCL_COMM_SPLIT_SHARE_RESOURCES, NCCL_COMM_SHRINK_SHARE_RESOURCES).
   struct NcclConfig {
     // TORCH_NCCL_USE_COMM_NONBLOCKING (inverted). Only false: streamnccl's communicators are
     // non-blocking, so that abort() and the group's timeout can end every NCCL call.
@@ -63,7 +63,7 @@ class Options : public c10d::Backend::Options {
     std::optional<int> minCtas;         // 1 to 64 (alone: up to NCCL's maximum, 64)
     std::optional<int> maxCtas;         // 1 to 64, at least minCtas
     std::optional<std::string> netName;
-    std::optional<bool> splitShare;  // a communicator split from this one shares its resources
+    std::optional<bool> splitShare;  // only false: a split would share its abort flag (refused)
   };
   NcclConfig ncclConfig;
 

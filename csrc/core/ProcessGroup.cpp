@@ -293,14 +293,28 @@ PathFactory::SplitOf ProcessGroup::splitOf(const std::string& agreement,
   if (store_) {
     // split_group's: every rank of this group splits it in the same order (torch requires it,
     // as NCCL does), so the n-th split of each meets under the same prefix.
-    const std::string name = agreement.empty() ? std::to_string(splits_++) : agreement;
-    of.store = c10::make_intrusive<c10d::PrefixStore>("streamnccl/split/" + name, store_);
+    of.store = splitStore(agreement.empty() ? std::to_string(splits_++) : agreement);
   }
   of.rank = getRank();
   of.size = getSize();
   of.opened = paths_.made();
   of.timeout = timeout;
   return of;
+}
+
+c10::intrusive_ptr<c10d::Store> ProcessGroup::splitStore(const std::string& name) const {
+  if (!store_) {
+    return nullptr;
+  }
+  return c10::make_intrusive<c10d::PrefixStore>("streamnccl/split/" + name, store_);
+}
+
+void ProcessGroup::refuseSplit(const std::string& agreement, const std::string& why) {
+  if (auto store = splitStore(agreement)) {
+    const std::string reason = who() + " " + why;
+    // The verdict the ranks that wait for this split read (CudaPath.cpp): it fails them.
+    store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
+  }
 }
 
 PathFactory::SplitOf ProcessGroup::ofType(const PathFactory::SplitOf& of, c10::DeviceType type) {

@@ -70,6 +70,9 @@ class ProcessGroup final : public c10d::Backend {
   // that subgroup with new_group (torch's perform_nocolor_split on the ranks outside it, while
   // the creator of the subgroup calls splitAs() on those in it), meeting as `agreement`.
   void splitWithout(const c10::Device& device, const std::string& agreement);
+  // Ends the split meeting as `agreement` at once, failed for `why`, on every rank (one that
+  // cannot take part, such as a member whose subgroup's options are refused).
+  void refuseSplit(const std::string& agreement, const std::string& why);
   bool supportsShrinking() const override { return true; }
   // The group without `ranksToExclude` (this group's ranks), its survivors renumbered in
   // order, with connections of its own (GroupShrink.cpp). Collective over the survivors only;
@@ -272,6 +275,8 @@ class ProcessGroup final : public c10d::Backend {
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
   PathFactory::SplitOf splitOf(const std::string& agreement, std::chrono::milliseconds timeout);
+  // Where the ranks of this group meet for the split `name` (null without a Store).
+  c10::intrusive_ptr<c10d::Store> splitStore(const std::string& name) const;
   // `of` with only the opened paths of devices of `type`.
   static PathFactory::SplitOf ofType(const PathFactory::SplitOf& of, c10::DeviceType type);
 

@@ -26,35 +26,53 @@ std::string rankName(int rank, int size, const c10::Device& device) {
 // on some rank was aborted there, and NCCL would wait for it forever). Each rank counts itself
 // in for every communicator it has live, then as arrived; once all have arrived, a
 // communicator counted by all of them is live on all of them: a few Store requests per rank,
-// whatever the number of ranks. A rank that does not see the others in time says so under
-// kChildFailedKey, so that one arriving late fails at once instead of waiting alone: every
-// one of them then counts this shrink or split as done, failed. `what`: "shrink" or "split".
+// whatever the number of ranks. Whether it goes ahead is one verdict, set once for all: "go"
+// by the first to see every rank arrived, or why not by the first to give up waiting (a rank
+// arriving after that fails at once, and none starts an NCCL call the others will not make).
+// `what`: "shrink" or "split", for messages.
 std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
                                       const std::set<std::string>& mine,
                                       std::chrono::milliseconds timeout, const std::string& what) {
   const std::string who =
       "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(ranks) + "] " + what + ": ";
+  const std::string verdictKey = kSplitVerdictKey;
+  const std::string go = "go";
   for (const std::string& key : mine) {
     store.add("streamnccl/live/" + key, 1);
   }
   store.add("streamnccl/arrived", 1);  // after its counts: one that sees all arrived sees them
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
-  while (store.add("streamnccl/arrived", 0) < ranks) {
-    if (store.check({kChildFailedKey})) {
-      const auto why = store.get(kChildFailedKey);
-      throwDistBackendError(who +
-                            "another member gave up on it: " + std::string(why.begin(), why.end()));
+  std::string verdict;
+  while (true) {
+    if (store.check({verdictKey})) {
+      const auto bytes = store.get(verdictKey);
+      verdict.assign(bytes.begin(), bytes.end());
+      break;
+    }
+    if (store.add("streamnccl/arrived", 0) >= ranks) {
+      const auto bytes =
+          store.compareSet(verdictKey, {}, std::vector<uint8_t>(go.begin(), go.end()));
+      verdict.assign(bytes.begin(), bytes.end());
+      break;
     }
     if (std::chrono::steady_clock::now() > deadline) {
       const std::string why = "rank " + std::to_string(rank) + " did not see every rank call it " +
                               "within " + std::to_string(timeout.count()) + " ms";
-      store.set(kChildFailedKey, std::vector<uint8_t>(why.begin(), why.end()));
-      throwDistBackendError(who + "not every rank that takes part called it within " +
-                            std::to_string(timeout.count()) + " ms");
+      const auto bytes =
+          store.compareSet(verdictKey, {}, std::vector<uint8_t>(why.begin(), why.end()));
+      verdict.assign(bytes.begin(), bytes.end());
+      if (verdict == why) {
+        throwDistBackendError(who + "not every rank that takes part called it within " +
+                              std::to_string(timeout.count()) + " ms");
+      }
+      break;  // another rank settled it first
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  if (verdict != go) {
+    throwDistBackendError(who + "another member gave up on it: " + verdict);
   }
   std::set<std::string> common;
   for (const std::string& key : mine) {

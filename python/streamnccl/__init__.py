@@ -48,12 +48,22 @@ def info() -> dict:
 
 def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     """The creator torch.distributed calls for every group using this backend."""
-    if pg_options is None:
-        pg_options = Options()
-    if not isinstance(pg_options, Options):
-        raise TypeError(
-            f"streamnccl: pg_options must be a streamnccl.Options, got {type(pg_options).__name__}"
-        )
+    # torch calls this creator from where it makes the group, whose locals name it.
+    parent = _split_source(sys._getframe(1).f_locals)
+    agreement = f"new_group/{dist_backend_opts.group_id}"
+    try:
+        if pg_options is None:
+            pg_options = Options()
+        if not isinstance(pg_options, Options):
+            raise TypeError(
+                "streamnccl: pg_options must be a streamnccl.Options, got "
+                f"{type(pg_options).__name__}"
+            )
+        resolved = Options.resolved(pg_options)  # refuses what streamnccl cannot honour
+    except (TypeError, ValueError) as refused:
+        if parent is not None:  # the ranks outside the group wait for a split: end it
+            parent._refuse_split(agreement, f"new_group's pg_options were refused: {refused}")
+        raise
     store = dist_backend_opts.store
     rank = dist_backend_opts.group_rank
     size = dist_backend_opts.group_size
@@ -75,18 +85,13 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
         its first CPU op (never, for a group used only for CUDA tensors)."""
         return dist.ProcessGroupGloo(gloo_store, gloo_rank, gloo_size, _gloo_options(gloo_timeout))
 
-    # torch calls this creator from where it makes the group, whose locals name it.
-    parent = _split_source(sys._getframe(1).f_locals)
     if parent is not None:
         # The subgroup's communicator is split from the default group's (ncclCommSplit), where
         # that is live on every rank; the ranks outside it take part (perform_nocolor_split),
         # and all meet under the group's name. Its ranks are the default group's, so global.
-        options = Options.resolved(pg_options)
-        options._timeout = timeout
-        options.group_name = dist_backend_opts.group_id
-        return parent._split(
-            store, global_ranks, options, agreement=f"new_group/{dist_backend_opts.group_id}"
-        )
+        resolved._timeout = timeout
+        resolved.group_name = dist_backend_opts.group_id
+        return parent._split(store, global_ranks, resolved, agreement=agreement)
     # group_id is torch's name for the group ("0", "1", ...): NCCL's logs name it so.
     group = ProcessGroup(
         store, rank, size, timeout, pg_options,
