@@ -429,17 +429,21 @@ def test_a_rank_outside_takes_part_in_each_of_two_splits_in_a_row():
 
 def test_a_rank_arriving_after_the_others_gave_up_makes_no_split_and_breaks_nothing():
     # Rank 1 comes only once rank 0 has given up waiting for it: it must not start an NCCL split
-    # rank 0 will never make (and then abort its healthy parent to end it).
-    store = dist.HashStore()
-    groups = connect(fake_ranks(2, timeout=timedelta(seconds=1), store=store))
+    # rank 0 will never make (and then abort its healthy parent to end it). The split waits
+    # 1 s; the parents keep their own, longer timeout.
+    groups = connect(fake_ranks(2))
     stores = _subgroup_stores([[0, 1]])
+    brief = streamnccl.Options()
+    brief._timeout = timedelta(seconds=1)
+    rank_zero_gave_up = threading.Event()
 
     def late_rank_one(rank, pg, gpu):
         gpu.clear()
         if rank == 1:
-            store.wait(["streamnccl/split/0/streamnccl/verdict"], timedelta(seconds=20))
+            assert rank_zero_gave_up.wait(20)
         with pytest.raises(dist.DistBackendError, match="within 1000 ms|another member gave up"):
-            pg._split(stores[(0, 1)], [0, 1])
+            pg._split(stores[(0, 1)], [0, 1], brief)
+        rank_zero_gave_up.set()
         return gpu.calls()
 
     for calls in run_ranks(groups, late_rank_one):
@@ -515,3 +519,28 @@ def test_torchs_own_new_group_splits_alike_on_members_and_the_others():
         ["ncclCommSplit(C0, color=NOCOLOR, key=0)", "ncclCommSplit(C0, color=0, key=0)"],
         ["ncclCommSplit(C0, color=1, key=0)", "ncclCommSplit(C0, color=NOCOLOR, key=0)"],
     ])  # fmt: skip
+
+
+def test_a_rank_whose_split_group_options_are_refused_ends_the_others_and_keeps_count():
+    # One rank's pg_options are refused (a ValueError there): the others, waiting for it under
+    # a 120 s timeout, end at once; every rank still counts the split, so the next one meets.
+    groups = connect(fake_ranks(2, timeout=timedelta(seconds=120)))
+    stores = [_subgroup_stores([[0, 1]]) for _ in range(2)]
+    refused = streamnccl.Options(config=streamnccl.NcclConfig(split_share=True))
+    fine = streamnccl.Options()
+    fine._timeout = timedelta(seconds=120)
+
+    def refused_on_rank_zero(rank, pg, gpu):
+        gpu.clear()
+        expected = "split_share" if rank == 0 else "another member gave up.*split_share"
+        with pytest.raises((ValueError, dist.DistBackendError), match=expected):
+            pg._split(stores[0][(0, 1)], [0, 1], refused if rank == 0 else fine)
+        assert gpu.calls() == []
+        child = pg._split(stores[1][(0, 1)], [0, 1], fine)
+        return child, _gather(child, gpu, 10 + rank), gpu.calls()
+
+    results = run_ranks(groups, refused_on_rank_zero)
+    for _, gathered, calls in results:
+        assert gathered == [10, 11]
+        assert calls[0].startswith("ncclCommSplit(C0, color=0"), calls
+    _end(groups, results)

@@ -20,6 +20,14 @@
 namespace streamnccl {
 namespace {
 
+// Fails the split meeting in `store` (SplitOf::store; nothing without one) for `reason`: the
+// verdict every rank taking part reads (CudaPath.cpp), unless one was given already.
+void failSplit(const c10::intrusive_ptr<c10d::Store>& store, const std::string& reason) {
+  if (store) {
+    store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
+  }
+}
+
 // Every group alive in this process, for shutdownAll().
 std::mutex liveGroupsMutex;
 std::unordered_set<ProcessGroup*>& liveGroups() {
@@ -233,13 +241,23 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::splitAs(
     return lastSplit_->group;
   }
   const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  // Numbered first, so that every rank counts this split, whatever happens to it here.
+  PathFactory::SplitOf of = splitOf(agreement, options_->timeout);
   // The subgroup's own settings when they are ours (pg_options of split_group), else ours.
   const auto* requested = dynamic_cast<const streamnccl::Options*>(opts.get());
-  auto options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
+  c10::intrusive_ptr<streamnccl::Options> options;
+  try {
+    options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
+  } catch (const c10::Error& refused) {
+    // The other ranks wait for this one: end their wait.
+    failSplit(of.store,
+              who() + " split_group's options were refused: " + refused.what_without_backtrace());
+    throw;
+  }
   if (opts) {
     options->timeout = opts->timeout;
   }
-  const PathFactory::SplitOf of = splitOf(agreement, options->timeout);
+  of.timeout = options->timeout;
   if (me == ranks.end()) {
     for (const auto& [type, factory] : factories_) {
       factory->splitWithout(ofType(of, type));
@@ -310,11 +328,7 @@ c10::intrusive_ptr<c10d::Store> ProcessGroup::splitStore(const std::string& name
 }
 
 void ProcessGroup::refuseSplit(const std::string& agreement, const std::string& why) {
-  if (auto store = splitStore(agreement)) {
-    const std::string reason = who() + " " + why;
-    // The verdict the ranks that wait for this split read (CudaPath.cpp): it fails them.
-    store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
-  }
+  failSplit(splitStore(agreement), who() + " " + why);
 }
 
 PathFactory::SplitOf ProcessGroup::ofType(const PathFactory::SplitOf& of, c10::DeviceType type) {

@@ -62,7 +62,10 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
         resolved = Options.resolved(pg_options)  # refuses what streamnccl cannot honour
     except (TypeError, ValueError) as refused:
         if parent is not None:  # the ranks outside the group wait for a split: end it
-            parent._refuse_split(agreement, f"new_group's pg_options were refused: {refused}")
+            try:
+                parent._refuse_split(agreement, f"new_group's pg_options were refused: {refused}")
+            except Exception:  # noqa: BLE001 (the refusal is what the caller must see)
+                pass
         raise
     store = dist_backend_opts.store
     rank = dist_backend_opts.group_rank
