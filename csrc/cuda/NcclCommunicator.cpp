@@ -161,22 +161,12 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
     std::string who, std::chrono::milliseconds timeout, Options::NcclConfig config,
     c10::intrusive_ptr<c10d::Store> store) const {
   TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator shrinks");
-  // Named after its parent, which every survivor shares: the order ranks close it in.
-  std::string key = key_ + "/shrunk-" + c10::Join("-", excluded);
-  std::string name = name_.empty() ? "" : name_ + " shrunk-" + c10::Join("-", excluded);
   NcclConnection::ChildOf origin;
-  origin.parent = connection_;
   origin.how = NcclConnection::ChildOf::How::Shrink;
   origin.excluded = excluded;
   origin.abortInFlight = abortInFlight;
-  origin.failedKey = kChildFailedKey;
-  auto connection = NcclConnection::fromParent(
-      NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, groupSize, groupRank, false,
-                               key, who, timeout, config, name},
-      std::move(origin));
-  return std::shared_ptr<NcclCommunicator>(
-      new NcclCommunicator(nccl_, cuda_, device_, std::move(who), std::move(key),
-                           std::move(connection), std::move(config), std::move(name)));
+  return child("shrunk-" + c10::Join("-", excluded), std::move(origin), groupRank, groupSize,
+               std::move(who), timeout, std::move(config), std::move(store));
 }
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::split(
@@ -185,13 +175,22 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split(
     c10::intrusive_ptr<c10d::Store> store) const {
   TORCH_INTERNAL_ASSERT(members_.empty(), "streamnccl: only a group's own communicator splits");
   TORCH_INTERNAL_ASSERT(color >= 0, "streamnccl: a split's color is not negative");
-  std::string key = key_ + "/" + tag;
-  std::string name = name_.empty() ? "" : name_ + " " + tag;
   NcclConnection::ChildOf origin;
-  origin.parent = connection_;
   origin.how = NcclConnection::ChildOf::How::Split;
   origin.color = color;
   origin.key = groupRank;
+  return child(tag, std::move(origin), groupRank, groupSize, std::move(who), timeout,
+               std::move(config), std::move(store));
+}
+
+std::shared_ptr<NcclCommunicator> NcclCommunicator::child(
+    const std::string& tag, NcclConnection::ChildOf origin, int groupRank, int groupSize,
+    std::string who, std::chrono::milliseconds timeout, Options::NcclConfig config,
+    c10::intrusive_ptr<c10d::Store> store) const {
+  // Named after its parent, which every member shares: the order ranks close it in.
+  std::string key = key_ + "/" + tag;
+  std::string name = name_.empty() ? "" : name_ + " " + tag;
+  origin.parent = connection_;
   origin.failedKey = kChildFailedKey;
   auto connection = NcclConnection::fromParent(
       NcclConnection::Settings{nccl_, cuda_, std::move(store), device_, groupSize, groupRank, false,

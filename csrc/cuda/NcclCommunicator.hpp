@@ -107,6 +107,13 @@ class NcclCommunicator final : public Communicator {
   std::string asyncError() override { return connection_->asyncError(); }
 
  private:
+  // shrunk()'s and split()'s: the communicator NCCL makes from this one as `origin` says,
+  // named and keyed after this one and `tag`.
+  std::shared_ptr<NcclCommunicator> child(const std::string& tag, NcclConnection::ChildOf origin,
+                                          int groupRank, int groupSize, std::string who,
+                                          std::chrono::milliseconds timeout,
+                                          Options::NcclConfig config,
+                                          c10::intrusive_ptr<c10d::Store> store) const;
   class ScopedRedOp;
   // Over a connection made already (shrunk()), spanning the whole group.
   NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_ptr<CudaApi> cuda, c10::Device device,

@@ -342,14 +342,9 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
   }
   gpu_->bindDevice();
   std::unique_lock<std::mutex> lock(mutex_);
-  Comm* parent = usable(handleValue, call);
+  Comm* parent = parentFor(handleValue, call);
   if (parent == nullptr) {
-    gpu_->log().add(call + " failed");
     return ncclInvalidArgument;
-  }
-  if (parent->device != FakeGpu::currentDevice()) {
-    gpu_->log().violation(call + " on device " + std::to_string(FakeGpu::currentDevice()) +
-                          ", not its communicator's " + std::to_string(parent->device));
   }
   if (std::count(excluded.begin(), excluded.end(), parent->rank) > 0) {
     gpu_->log().violation(call + " by rank " + std::to_string(parent->rank) +
@@ -424,14 +419,9 @@ ncclResult_t RecordingNccl::commSplit(ncclComm_t handleValue, int color, int key
   }
   gpu_->bindDevice();
   std::unique_lock<std::mutex> lock(mutex_);
-  Comm* parent = usable(handleValue, call);
+  Comm* parent = parentFor(handleValue, call);
   if (parent == nullptr) {
-    gpu_->log().add(call + " failed");
     return ncclInvalidArgument;
-  }
-  if (parent->device != FakeGpu::currentDevice()) {
-    gpu_->log().violation(call + " on device " + std::to_string(FakeGpu::currentDevice()) +
-                          ", not its communicator's " + std::to_string(parent->device));
   }
   if (const ncclResult_t injected = outcome("ncclCommSplit"); injected != ncclSuccess) {
     gpu_->log().add(call + " failed");
@@ -487,6 +477,19 @@ ncclResult_t RecordingNccl::commSplit(ncclComm_t handleValue, int color, int key
     return ncclSuccess;
   }
   return ncclInProgress;
+}
+
+RecordingNccl::Comm* RecordingNccl::parentFor(ncclComm_t handleValue, const std::string& call) {
+  Comm* parent = usable(handleValue, call);
+  if (parent == nullptr) {
+    gpu_->log().add(call + " failed");
+    return nullptr;
+  }
+  if (parent->device != FakeGpu::currentDevice()) {
+    gpu_->log().violation(call + " on device " + std::to_string(FakeGpu::currentDevice()) +
+                          ", not its communicator's " + std::to_string(parent->device));
+  }
+  return parent;
 }
 
 bool RecordingNccl::placeSplit(Comm& parent) {

@@ -156,6 +156,9 @@ class RecordingNccl final : public NcclApi {
   // The communicator for a call, or null after logging why the call must fail.
   Comm* usable(ncclComm_t comm, const std::string& call);
   bool ready(Comm& comm);
+  // The communicator a shrink or split of `comm` is made from, checked as for any call and
+  // used on its device; null after logging why `call` fails. With mutex_ held.
+  Comm* parentFor(ncclComm_t comm, const std::string& call);
   // Makes communicator `number` (its handle reserved already) as a member of world `key`.
   Comm& made(int64_t number, int device, int nranks, int rank, uint64_t key, bool blocking);
   // The new communicator of `parent`'s shrink in progress, written where the caller asked:
