@@ -13,6 +13,7 @@
 #include "fake/FakeGpu.hpp"
 #include "fake/FakeMemory.hpp"
 #include "fake/FakeNcclWorld.hpp"
+#include "fake/NoOpDevice.hpp"
 #include "fake/RecordingCuda.hpp"
 #include "fake/RecordingNccl.hpp"
 
@@ -309,6 +310,24 @@ void bindRecording(py::module_& m) {
       py::arg("single_hardware_queue") = false, py::arg("check_inflight_writes") = false,
       py::arg("models") = std::map<std::string, bool>{}, py::arg("config") = py::none(),
       py::arg("group_name") = "");
+
+  // For `python -m streamnccl.bench.launch`: the NCCL path over CUDA and NCCL calls that do
+  // nothing (fake/NoOpDevice.hpp), its tensors CPU tensors: one rank, streamnccl's own cost.
+  m.def(
+      "_no_op_device_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, Millis timeout, int traceBufferSize) {
+        auto options = c10::make_intrusive<Options>();
+        options->timeout = timeout;
+        options->traceBufferSize = traceBufferSize;
+        ProcessGroup::PathFactories factories;
+        factories.emplace(c10::kCPU, std::make_unique<CudaPathFactory>(
+                                         std::make_shared<fake::NoOpNccl>(),
+                                         std::make_shared<fake::NoOpCuda>(c10::kCPU), store,
+                                         /*rank=*/0, /*size=*/1, options));
+        return NoGilDestructor<ProcessGroup>(
+            c10::make_intrusive<ProcessGroup>(0, 1, options, std::move(factories), store));
+      },
+      py::arg("store"), py::arg("timeout"), py::arg("trace_buffer_size") = 0);
 }
 #endif
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -407,8 +408,34 @@ def test_launch_mode_reports_the_floor_and_streamnccl_above_it(tmp_path):
     rows = json.loads(report_file.read_text())["rows"]
     assert [row["mode"] for row in rows] == ["sync", "async"]
     for row in rows:
-        assert row["torch_fake_us"] > 0 and row["streamnccl_us"] > 0
+        assert row["torch_fake_us"] > 0 and row["streamnccl_us"] > 0 and row["fake_gpu_us"] > 0
         assert row["above_floor_us"] == pytest.approx(row["streamnccl_us"] - row["torch_fake_us"])
         parts = row["flight_recorder_us"] + row["rest_us"]
         assert parts == pytest.approx(row["above_floor_us"])
+        assert row["fake_gpu_adds_us"] == pytest.approx(row["fake_gpu_us"] - row["streamnccl_us"])
     assert len(table_rows(done.stdout)) == 2, done.stdout
+
+
+@pytest.mark.skipif(
+    not hasattr(_C, "_no_op_device_process_group"),
+    reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
+)
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_the_no_op_device_runs_the_nccl_path_and_leaves_the_tensor_alone(async_op):
+    # The launch bench's streamnccl figure is only the launch path if its ops really go the
+    # whole way: issued, tracked, retired, counted. (The no-op NCCL moves no data.)
+    group = _C._no_op_device_process_group(dist.HashStore(), timedelta(seconds=30),
+                                           trace_buffer_size=0)  # fmt: skip
+    try:
+        tensor = torch.full((4,), 3.0)
+        options = dist.AllreduceOptions()
+        options.asyncOp = async_op
+        for _ in range(3):
+            work = group.allreduce([tensor], options)
+            assert work.wait(timedelta(seconds=10))
+            assert work.is_completed() and work.is_success()
+        assert torch.equal(tensor, torch.full((4,), 3.0))
+        stats = group._stats()["all_reduce"]
+        assert (stats["count"], stats["failures"], stats["in_flight"]) == (3, 0, 0)
+    finally:
+        group.shutdown()

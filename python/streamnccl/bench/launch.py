@@ -1,22 +1,26 @@
 """`python -m streamnccl.bench.launch [--ops N] [--rounds R] [--json FILE]`: what launching one op
 costs the host.
 
-One process, no GPU needed. streamnccl's NCCL path runs over the fake GPU (csrc/fake/: CUDA and
-NCCL as the tests model them, call recording off), one rank whose peers mirror it; beside it,
-in the same run, torch's own no-op ``fake`` backend, which hands back a completed Work at once:
-the floor, what torch's bindings and a Work cost any backend. Each op is an all_reduce of one
-float followed by its ``wait()``:
+One process, no GPU needed. Each op is an all_reduce of one float followed by its ``wait()``:
 
 - sync: on the caller's stream (``asyncOp`` false), as ``dist.all_reduce(t)`` issues it;
 - async: on the internal stream, with an event each way, and ``wait()`` joining the caller's
   stream (``dist.all_reduce(t, async_op=True).wait()``).
 
-streamnccl runs twice: as shipped (a flight recorder of 2,000 entries) and without the
-recorder (``trace_buffer_size=0``), so the recorder's part shows as the difference. The rest
-of streamnccl's figure includes the fakes' own bookkeeping, which stands in for what CUDA's
-and NCCL's host calls cost on a GPU: an upper bound on streamnccl's own part.
+The backends, in one run, rounds interleaved (in two phases: see measure()):
 
-Rounds interleave the backends; each figure is the median over rounds of the time per op.
+- torch's own no-op ``fake`` backend, which hands back a completed Work at once: the floor,
+  what torch's bindings and a Work cost any backend;
+- streamnccl's NCCL path over CUDA and NCCL calls that do nothing (csrc/fake/NoOpDevice.hpp):
+  streamnccl's own launch path, the core, the Work and its future, the events, the flight
+  recorder and the watchdog's hand-off, without any device's cost. It runs twice, as shipped
+  (a flight recorder of 2,000 entries) and without the recorder (``trace_buffer_size=0``), so
+  the recorder's part shows as the difference;
+- the same path over the fake GPU (csrc/fake/: CUDA and NCCL as the tests model them, call
+  recording off), for reference: what the fake's checks and data movement add. They stand in
+  for the host cost of CUDA's and NCCL's own calls, which the built-in ``nccl`` pays too.
+
+Each figure is the median over rounds of the time per op.
 """
 
 import argparse
@@ -47,7 +51,16 @@ def torch_fake():
     return FakeProcessGroup._create_internal(0, 1, FakeProcessGroup.Options()), None
 
 
-def streamnccl_fake(trace_buffer_size: int):
+def streamnccl_no_op_device(trace_buffer_size: int):
+    """streamnccl's NCCL path over CUDA and NCCL calls that do nothing, connected."""
+    group = _C._no_op_device_process_group(
+        dist.HashStore(), timedelta(seconds=60), trace_buffer_size=trace_buffer_size
+    )
+    group.eager_connect_single_device(CPU)
+    return group, None
+
+
+def streamnccl_fake_gpu(trace_buffer_size: int):
     """streamnccl's NCCL path over the fake GPU, connected, its calls not recorded."""
     group, gpu = _C._recording_process_group(
         dist.HashStore(),
@@ -76,12 +89,8 @@ def time_ops(group, gpu, async_op: bool, ops: int) -> float:
     return seconds / ops * 1e6
 
 
-def measure(ops: int, rounds: int) -> dict:
-    backends = {
-        "torch fake": torch_fake(),
-        "streamnccl": streamnccl_fake(trace_buffer_size=2000),
-        "streamnccl, no flight recorder": streamnccl_fake(trace_buffer_size=0),
-    }
+def measure_side_by_side(backends: dict, ops: int, rounds: int) -> dict:
+    """{mode: {backend: median microseconds per op}}, the backends' rounds interleaved."""
     samples = {(name, mode): [] for name in backends for mode in MODES}
     for group, gpu in backends.values():  # warm-up: first-op set-up, caches
         for mode in MODES:
@@ -98,20 +107,44 @@ def measure(ops: int, rounds: int) -> dict:
     }
 
 
+def measure(ops: int, rounds: int) -> dict:
+    """Two phases, each against its own floor: the flight recorder is one per process, and
+    once a group has asked for one every group records (see trace_buffer_size), so streamnccl
+    without it is measured first."""
+    bare = measure_side_by_side(
+        {"torch fake": torch_fake(),
+         "streamnccl, no flight recorder": streamnccl_no_op_device(trace_buffer_size=0)},
+        ops, rounds,
+    )  # fmt: skip
+    shipped = measure_side_by_side(
+        {"torch fake": torch_fake(),
+         "streamnccl": streamnccl_no_op_device(trace_buffer_size=2000),
+         "streamnccl over the fake GPU": streamnccl_fake_gpu(trace_buffer_size=2000)},
+        ops, rounds,
+    )  # fmt: skip
+    return {mode: {"without recorder": bare[mode], "shipped": shipped[mode]} for mode in MODES}
+
+
 def report(results: dict) -> list:
-    """One row per mode: the floor, streamnccl above it, and the flight recorder's part."""
+    """One row per mode: the floor, streamnccl above it, the flight recorder's part (each
+    phase against its own floor), and what the fake GPU's modelling adds."""
     rows = []
-    for mode, by_backend in results.items():
-        floor = by_backend["torch fake"]
-        shipped = by_backend["streamnccl"]
-        bare = by_backend["streamnccl, no flight recorder"]
+    for mode, phases in results.items():
+        shipped = phases["shipped"]
+        floor = shipped["torch fake"]
+        streamnccl = shipped["streamnccl"]
+        bare = phases["without recorder"]
+        rest = bare["streamnccl, no flight recorder"] - bare["torch fake"]
+        fake_gpu = shipped["streamnccl over the fake GPU"]
         rows.append({
             "mode": mode,
             "torch_fake_us": floor,
-            "streamnccl_us": shipped,
-            "above_floor_us": shipped - floor,
-            "flight_recorder_us": shipped - bare,
-            "rest_us": bare - floor,
+            "streamnccl_us": streamnccl,
+            "above_floor_us": streamnccl - floor,
+            "flight_recorder_us": streamnccl - floor - rest,
+            "rest_us": rest,
+            "fake_gpu_us": fake_gpu,
+            "fake_gpu_adds_us": fake_gpu - streamnccl,
         })  # fmt: skip
     return rows
 
@@ -130,12 +163,17 @@ def main(argv=None) -> int:
     rows = report(measure(args.ops, args.rounds))
     print(f"# launch and wait of one all_reduce (1 float), 1 rank, median of {args.rounds} "
           f"rounds of {args.ops} ops; microseconds per op")  # fmt: skip
+    print(
+        "# streamnccl: over no-op CUDA and NCCL; above = streamnccl - torch fake = recorder "
+        "+ rest; fake GPU: over the fake GPU, which adds its own modelling"
+    )
     print(f"# {'mode':<6} {'torch fake':>11} {'streamnccl':>11} {'above':>9} "
-          f"{'recorder':>9} {'rest':>9}")  # fmt: skip
+          f"{'recorder':>9} {'rest':>9} {'fake GPU':>9} {'adds':>9}")  # fmt: skip
     for row in rows:
         print(f"  {row['mode']:<6} {row['torch_fake_us']:>11.2f} {row['streamnccl_us']:>11.2f} "
               f"{row['above_floor_us']:>9.2f} {row['flight_recorder_us']:>9.2f} "
-              f"{row['rest_us']:>9.2f}")  # fmt: skip
+              f"{row['rest_us']:>9.2f} {row['fake_gpu_us']:>9.2f} "
+              f"{row['fake_gpu_adds_us']:>9.2f}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"args": vars(args), "rows": rows}, out, indent=2)
