@@ -28,6 +28,9 @@ class OnceMap {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& found = slots_[key];
+      if (found && found->value) {  // made already (every op but a path's first): no waiting
+        return *found->value;
+      }
       if (!found) {
         found = std::make_shared<Slot>();
         found->ready = found->made.get_future().share();

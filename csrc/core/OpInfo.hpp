@@ -1,6 +1,7 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/irange.h>
 
 #include <cstdint>
@@ -17,7 +18,7 @@ struct OpInfo {
   int rank = 0;
   int size = 0;
   std::string group;
-  std::vector<int64_t> shape;
+  c10::SmallVector<int64_t, 6> shape;  // inline: made for every op
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   int64_t traceId = -1;  // its flight recorder entry (FlightRecorder::record), -1 if none
   std::string path;      // the lane it runs on (Path::description), empty on the group's

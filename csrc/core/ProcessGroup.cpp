@@ -348,6 +348,9 @@ void ProcessGroup::setGlobalRanks(std::vector<int> globalRanks) {
 }
 
 const std::shared_ptr<const RecordedGroup>& ProcessGroup::recordedGroup() {
+  if (recordedGroupReady_.load(std::memory_order_acquire)) {  // every op but the first
+    return recordedGroup_;
+  }
   std::call_once(recordedGroupMade_, [&] {
     auto group = std::make_shared<RecordedGroup>();
     group->uid = uid_;
@@ -355,6 +358,7 @@ const std::shared_ptr<const RecordedGroup>& ProcessGroup::recordedGroup() {
     group->desc = getGroupDesc();
     group->globalRanks = globalRanks_;
     recordedGroup_ = std::move(group);
+    recordedGroupReady_.store(true, std::memory_order_release);
   });
   return recordedGroup_;
 }
@@ -480,9 +484,9 @@ int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds time
   }
   RecordedOp op;
   // As ProcessGroupNCCL names its ops, which is what the analyzer knows.
-  op.profilingName =
-      std::string("nccl:") +
-      (launch.opType == c10d::OpType::BARRIER ? "all_reduce_barrier" : opKindName(launch.opType));
+  op.profilingName = "nccl:";
+  op.profilingName +=
+      launch.opType == c10d::OpType::BARRIER ? "all_reduce_barrier" : opKindName(launch.opType);
   if (launch.opType == c10d::OpType::SEND) {
     op.profilingName += " " + std::to_string(getRank()) + "->" + std::to_string(launch.peer);
   } else if (p2p) {
@@ -512,16 +516,19 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   } else {
     watchdog_->releaseCompleted();  // earlier ops that completed, recorded before this one
   }
-  OpInfo info{launch.op,
-              ++seq_,
-              getRank(),
-              getSize(),
-              getGroupUid(),
-              launch.shapeOf.sizes().vec(),
-              launch.shapeOf.scalar_type()};
+  // One copy, shared by the Work and the task, which both name the op in their messages.
+  auto info = std::make_shared<OpInfo>();
+  info->name = launch.op;
+  info->seq = ++seq_;
+  info->rank = getRank();
+  info->size = getSize();
+  info->group = getGroupUid();
+  const auto sizes = launch.shapeOf.sizes();
+  info->shape.assign(sizes.begin(), sizes.end());
+  info->dtype = launch.shapeOf.scalar_type();
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
-  info.traceId = trace(launch, timeout);
-  info.path = path.description;
+  info->traceId = trace(launch, timeout);
+  info->path = path.description;
   if (!outcome) {
     outcome = std::make_shared<OpOutcome>(tensorListType(), device.futureDevices());
   }
@@ -535,18 +542,22 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   // returns. A captured op runs at replays, to which versions now say nothing.
   std::shared_ptr<InflightWriteCheck> writes;
   if (inflightWrites_ && launch.async && !captured) {
-    writes = inflightWrites_->watch(info, launch.inputs, launch.outputs);
+    writes = inflightWrites_->watch(*info, launch.inputs, launch.outputs);
     work->checkWrites(writes);
   }
 
   if (options_->useDebugChecks()) {
-    checkSameOpOnEveryRank(info, launch.opType);
+    checkSameOpOnEveryRank(*info, launch.opType);
   }
-  injectTestFault(info, steps);
+  injectTestFault(*info, steps);
 
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
-  // Shared with the Work of a captured op, whose replays use the temporaries its steps hold.
-  auto held = std::make_shared<const Steps>(std::move(steps));
+  // A captured op's steps are shared with its Work, whose replays use the temporaries they
+  // hold; any other op's go with its task alone.
+  std::shared_ptr<const Steps> held;
+  if (captured) {
+    held = std::make_shared<const Steps>(std::move(steps));
+  }
   // Where the task runs when its stream reaches it (the host), its running is the op's start;
   // on CUDA it runs at issue, and the start is the start event's (the watchdog's to see).
   const bool startsWithTask = device.tasksRunInStreamOrder();
@@ -558,27 +569,30 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   if (writes) {
     communicator = std::make_shared<UnversionedCommunicator>(std::move(communicator));
   }
-  auto task = [outcome, info, held, communicator = std::move(communicator), device = path.device,
-               outputs = launch.outputs, opStream, watchdog = watchdog_, group = groupInfo(),
+  // (Its failure names the group as the op's info does: by rank, size and name.)
+  auto task = [outcome, info = std::shared_ptr<const OpInfo>(std::move(info)), held,
+               steps = std::move(steps), communicator = std::move(communicator),
+               device = path.device, outputs = launch.outputs, opStream, watchdog = watchdog_,
                startsWithTask, writes]() {
     try {
       if (startsWithTask) {
-        watchdog->health().recorder().started(info.traceId);
+        watchdog->health().recorder().started(info->traceId);
       }
       Kernels kernels(*device, writes ? &writes->group() : nullptr);
-      held->issue(*communicator, kernels, opStream);
-      if (held->finish) {
-        held->finish(kernels);
+      const Steps& run = held ? *held : steps;
+      run.issue(*communicator, kernels, opStream);
+      if (run.finish) {
+        run.finish(kernels);
       }
       if (writes) {
         writes->noteCompleted();  // before the future's callbacks, which may write the result
       }
       outcome->succeed(outputs);  // completed is recorded when its end event has passed
     } catch (...) {
-      outcome->fail(info, std::current_exception());
-      watchdog->health().recorder().failed(info.traceId,
+      outcome->fail(*info, std::current_exception());
+      watchdog->health().recorder().failed(info->traceId,
                                            describeException(std::current_exception()));
-      watchdog->breakGroup(group, outcome->failure());
+      watchdog->breakGroup(*info, outcome->failure());
     }
   };
 

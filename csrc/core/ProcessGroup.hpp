@@ -299,6 +299,7 @@ class ProcessGroup final : public c10d::Backend {
 
   std::vector<int> globalRanks_;
   std::once_flag recordedGroupMade_;
+  std::atomic<bool> recordedGroupReady_{false};  // recordedGroup_ is made: no call_once needed
   std::shared_ptr<const RecordedGroup> recordedGroup_;
   // The flight recorder's sequences: collectives (and coalesced groups), point-to-point ops,
   // and all ops. Counted on the calling thread, in program order.

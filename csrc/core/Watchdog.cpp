@@ -160,10 +160,11 @@ void Watchdog::settle(Works& faulted) {
     std::lock_guard<std::mutex> lock(mutex_);
     append(ended_, faulted);  // their device runs nothing more: nothing uses their memory
   }
-  {
+  if (timingFaulted_.load(std::memory_order_acquire)) {  // rare: not locked for on every op
     std::lock_guard<std::mutex> lock(timingFaultMutex_);
     if (!fault) {
       fault = std::exchange(timingFault_, nullptr);
+      timingFaulted_.store(timingFault_ != nullptr, std::memory_order_release);
     }
   }
   if (fault) {
@@ -265,6 +266,7 @@ void Watchdog::retire(Work& work) {
     } catch (...) {
       std::lock_guard<std::mutex> lock(timingFaultMutex_);
       timingFault_ = std::current_exception();  // reported by settle()
+      timingFaulted_.store(true, std::memory_order_release);
     }
     health_->recorder().completed(work.info().traceId, duration);
     stats_->ended(work.retrieveOpType(), /*succeeded=*/true, duration);

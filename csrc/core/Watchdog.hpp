@@ -29,6 +29,7 @@
 #include "core/GroupStats.hpp"
 #include "core/Work.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -129,6 +130,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // mutex_ held, so it has a lock of its own).
   std::mutex timingFaultMutex_;
   std::exception_ptr timingFault_;
+  std::atomic<bool> timingFaulted_{false};  // timingFault_ is set
 
   std::mutex stopMutex_;
   std::condition_variable wake_;

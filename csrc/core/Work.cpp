@@ -22,6 +22,7 @@ void OpOutcome::fail(const OpInfo& info, std::exception_ptr cause) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_) {
       failure_ = error;
+      failed_.store(true, std::memory_order_release);
     }
   }
   if (!settled_.exchange(true)) {
@@ -30,15 +31,18 @@ void OpOutcome::fail(const OpInfo& info, std::exception_ptr cause) {
 }
 
 std::exception_ptr OpOutcome::failure() const {
+  if (!failed_.load(std::memory_order_acquire)) {  // asked after every op: no lock to say so
+    return nullptr;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
 }
 
-Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
+Work::Work(std::shared_ptr<const OpInfo> info, c10d::OpType opType, std::shared_ptr<Device> device,
            std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
            std::chrono::milliseconds timeout, bool blockHostOnWait,
            std::weak_ptr<Watchdog> watchdog)
-    : c10d::Work(info.rank, opType),
+    : c10d::Work(info->rank, opType),
       info_(std::move(info)),
       device_(std::move(device)),
       outcome_(std::move(outcome)),
@@ -49,7 +53,7 @@ Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
       watchdog_(std::move(watchdog)) {}
 
 void Work::fail(const std::string& reason) {
-  outcome_->fail(info_, std::make_exception_ptr(std::runtime_error(reason)));
+  outcome_->fail(*info_, std::make_exception_ptr(std::runtime_error(reason)));
 }
 
 void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait) {
@@ -83,6 +87,7 @@ Work::EndState Work::pollEnd() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       deviceError_ = std::current_exception();
+      faulted_.store(true, std::memory_order_release);
     }
     ended_.store(true, std::memory_order_release);
     return EndState::DeviceError;
@@ -104,13 +109,16 @@ bool Work::pollStarted() {
 }
 
 std::exception_ptr Work::deviceError() const {
+  if (!faulted_.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   return deviceError_;
 }
 
 void Work::failWithDeviceError() {
   if (auto error = deviceError()) {
-    outcome_->fail(info_, error);
+    outcome_->fail(*info_, error);
   }
 }
 
@@ -138,8 +146,8 @@ void Work::refuseWaitInsideCapture(const c10::Stream& current) {
   // CUDA refuses a captured stream's wait on an event recorded outside the capture
   // (cudaErrorStreamCaptureIsolation), and the thread may not query events then: say what to
   // do instead.
-  STREAMNCCL_CHECK_ARG(captured_ || !device_->isCapturing(current), info_.name, "wait() on op #",
-                       info_.seq,
+  STREAMNCCL_CHECK_ARG(captured_ || !device_->isCapturing(current), info_->name, "wait() on op #",
+                       info_->seq,
                        " inside a CUDA graph capture, but the op was launched before the "
                        "capture began: a captured stream cannot wait for work outside the graph "
                        "(cudaErrorStreamCaptureIsolation); wait() for it before the capture");
@@ -173,7 +181,7 @@ bool Work::wait(std::chrono::milliseconds timeout) {
     throw;  // the op's failure, or its timeout
   } catch (const c10::Error&) {
     // A CUDA error on the way (a sticky one fails every call): the op's device failed.
-    outcome_->fail(info_, std::current_exception());
+    outcome_->fail(*info_, std::current_exception());
     std::rethrow_exception(outcome_->failure());
   }
   // Outside the try: a write found is the caller's error, not the device's.
@@ -200,10 +208,10 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
       // The ranks are no longer known to be in step: the group breaks, as at the watchdog's
       // deadline, and its communicators are aborted rather than left waiting.
       auto error =
-          makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
+          makeDistBackendError(info_->describe() + ": not completed within the timeout of " +
                                std::to_string(limit.count()) + " ms");
       if (auto watchdog = watchdog_.lock()) {
-        watchdog->breakGroup(info_, error);
+        watchdog->breakGroup(*info_, error);
       }
       std::rethrow_exception(error);
     }
@@ -253,23 +261,23 @@ std::optional<double> Work::durationMs() const {
 }
 
 float Work::getDuration() const {
-  STREAMNCCL_CHECK_ARG(start_ && !captured_, info_.name,
+  STREAMNCCL_CHECK_ARG(start_ && !captured_, info_->name,
                        "get_duration() needs timing, which is off for this op: create the group "
                        "with streamnccl.Options(enable_timing=True) or set "
                        "STREAMNCCL_ENABLE_TIMING=1",
                        captured_ ? " (an op captured into a CUDA graph is never timed)" : "");
   const auto duration = durationMs();
   STREAMNCCL_CHECK_ARG(
-      duration, info_.name,
+      duration, info_->name,
       "get_duration() is known once the op has completed (work.is_completed() is True)");
   return static_cast<float>(*duration);
 }
 
 int Work::sourceRank() const {
-  STREAMNCCL_CHECK_ARG(sender_, info_.name,
+  STREAMNCCL_CHECK_ARG(sender_, info_->name,
                        "sourceRank() names the sender of a recv from any source only");
   const int sender = sender_->load();
-  STREAMNCCL_CHECK_ARG(sender >= 0, info_.name,
+  STREAMNCCL_CHECK_ARG(sender >= 0, info_->name,
                        "the sender is known once the recv has completed; wait() first");
   return sender;
 }

@@ -39,6 +39,7 @@ class OpOutcome {
  private:
   mutable std::mutex mutex_;
   std::exception_ptr failure_;
+  std::atomic<bool> failed_{false};  // failure_ is set
   std::atomic<bool> settled_{false};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
@@ -48,7 +49,8 @@ class OpOutcome {
 class Work : public c10d::Work {
  public:
   // `watchdog`: the group's, which a wait(timeout) that expires breaks.
-  Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
+  // `info` is shared with the op's task, which names the op in its messages too.
+  Work(std::shared_ptr<const OpInfo> info, c10d::OpType opType, std::shared_ptr<Device> device,
        std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
        std::chrono::milliseconds timeout, bool blockHostOnWait, std::weak_ptr<Watchdog> watchdog);
 
@@ -76,7 +78,7 @@ class Work : public c10d::Work {
   void synchronize() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
-  uint64_t getSequencenumber() const override { return info_.seq; }
+  uint64_t getSequencenumber() const override { return info_->seq; }
   // Milliseconds from the op's start to its end on its stream; raises unless the op is timed
   // and has completed.
   float getDuration() const override;
@@ -108,7 +110,7 @@ class Work : public c10d::Work {
   bool joined() const { return joined_.load(); }
   // Fails the op from outside its task (the watchdog, at the deadline; the group, breaking).
   void fail(const std::string& reason);
-  const OpInfo& info() const { return info_; }
+  const OpInfo& info() const { return *info_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
@@ -123,7 +125,7 @@ class Work : public c10d::Work {
   // wait()'s steps; raises the op's failure, and whatever the device raised.
   void waitOrRaise(std::chrono::milliseconds timeout);
 
-  const OpInfo info_;
+  const std::shared_ptr<const OpInfo> info_;
   const std::shared_ptr<Device> device_;
   const std::shared_ptr<OpOutcome> outcome_;
   const std::vector<at::Tensor> outputs_;
@@ -143,7 +145,8 @@ class Work : public c10d::Work {
   std::atomic<bool> started_{false};
   std::atomic<bool> retired_{false};
   std::atomic<bool> joined_{false};
-  mutable std::mutex mutex_;  // guards what follows
+  std::atomic<bool> faulted_{false};  // deviceError_ is set
+  mutable std::mutex mutex_;          // guards what follows
   std::vector<at::Tensor> inUse_;
   std::shared_ptr<const void> temporaries_;
   std::exception_ptr deviceError_;

@@ -4,6 +4,7 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -18,29 +19,42 @@ struct EventState {
       : cuda(std::move(cuda)), pool(std::move(pool)), device(device), event(this->pool->take()) {}
   ~EventState() { pool->give(event); }
 
-  // `failed`: the record itself failed, so there is nothing to wait for.
+  // `failed`: the record itself failed, so there is nothing to wait for. Waiters are woken
+  // only when there are some: most records (the group's own streams) are issued at once and
+  // never waited for, and this runs on every op's launch path.
   void markRecorded(bool failed) {
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      recorded = true;
       recordFailed = failed;
+      recorded.store(true, std::memory_order_release);
+      wake = waiters > 0;
     }
-    changed.notify_all();
+    if (wake) {
+      changed.notify_all();
+    }
   }
   bool waitRecorded(std::chrono::milliseconds timeout) {
+    if (isRecorded()) {
+      return true;
+    }
     std::unique_lock<std::mutex> lock(mutex);
-    return changed.wait_for(lock, timeout, [&] { return recorded; });
+    ++waiters;
+    const bool done = changed.wait_for(lock, timeout, [&] { return recorded.load(); });
+    --waiters;
+    return done;
   }
   // False when the record failed.
   bool waitUntilRecorded() {
-    std::unique_lock<std::mutex> lock(mutex);
-    changed.wait(lock, [&] { return recorded; });
-    return !recordFailed;
+    if (!isRecorded()) {
+      std::unique_lock<std::mutex> lock(mutex);
+      ++waiters;
+      changed.wait(lock, [&] { return recorded.load(); });
+      --waiters;
+    }
+    return !recordFailed;  // written before `recorded`, which this thread has seen set
   }
-  bool isRecorded() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return recorded;
-  }
+  bool isRecorded() const { return recorded.load(std::memory_order_acquire); }
 
   const std::shared_ptr<CudaApi> cuda;
   const std::shared_ptr<CudaEventPool> pool;
@@ -48,8 +62,9 @@ struct EventState {
   const cudaEvent_t event;
   std::mutex mutex;
   std::condition_variable changed;
-  bool recorded = false;  // issued: its record on a gated stream may come later
-  bool recordFailed = false;
+  int waiters = 0;                    // threads waiting on `changed`; guarded by `mutex`
+  std::atomic<bool> recorded{false};  // issued: its record on a gated stream may come later
+  bool recordFailed = false;          // set (under `mutex`) before `recorded`
 };
 
 // Queries in thread-local capture mode: a query from a thread that is not capturing must not
@@ -276,14 +291,6 @@ std::unique_ptr<Event> CudaDevice::createEvent() {
 
 std::unique_ptr<Event> CudaDevice::createTimedEvent() {
   return std::make_unique<CudaEvent>(*this, timedEvents_);
-}
-
-void CudaDevice::issueFor(c10::Stream stream, std::function<void()> issue) {
-  if (gate_ && internal_ && stream == *internal_) {
-    gate_->pass(std::move(issue));
-  } else {
-    issue();
-  }
 }
 
 void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace streamnccl {
@@ -80,8 +81,17 @@ class CudaDevice final : public Device {
   // A lane's device: until `gate` opens (its communicator has connected), what is issued for
   // the internal stream waits in it, so the host goes on. See NcclConnection.
   void gateInternalStream(std::shared_ptr<StreamGate> gate) { gate_ = std::move(gate); }
-  // Issues `issue` for `stream`: through the gate when it is the gated internal stream.
-  void issueFor(c10::Stream stream, std::function<void()> issue);
+  // Issues `issue` for `stream`: through the gate when it is the gated internal stream (a
+  // lane's), stored as a std::function for it; on any other stream it runs at once, with
+  // nothing allocated for it.
+  template <typename Issue>
+  void issueFor(c10::Stream stream, Issue&& issue) {
+    if (gate_ && internal_ && stream == *internal_) {
+      gate_->pass(std::function<void()>(std::forward<Issue>(issue)));
+    } else {
+      issue();
+    }
+  }
 
   const std::shared_ptr<CudaApi>& cuda() const { return cuda_; }
 

@@ -30,6 +30,17 @@ class CudaRuntime final : public CudaApi {
                 " CUDA device(s), so ", device, " does not exist");
   }
   std::unique_ptr<DeviceScope> useDevice(const c10::Device& device) override {
+    // Already current, for c10 and for the runtime alike (every call of a one-device
+    // process): the guard would change nothing, so there is no scope to allocate on the launch
+    // path. Both are asked: c10 may hold a device it has not set yet (its lazy target, for a
+    // device without a context), which the guard would clear, and which c10's own calls in the
+    // scope (stream labels, a future's events) would use. cudaGetDevice makes no context.
+    c10::DeviceIndex c10Current = -1;
+    int runtimeCurrent = -1;
+    if (c10::cuda::GetDevice(&c10Current) == cudaSuccess && c10Current == device.index() &&
+        cudaGetDevice(&runtimeCurrent) == cudaSuccess && runtimeCurrent == device.index()) {
+      return nullptr;
+    }
     return std::make_unique<CudaDeviceScope>(device);
   }
   int computeCapability(const c10::Device& device) override {

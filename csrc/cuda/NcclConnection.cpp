@@ -436,13 +436,17 @@ void NcclConnection::waitConnected() {
 }
 
 NcclConnection::Use NcclConnection::use(const char* call) {
-  acquire(call);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  acquire(call, lock);
   return Use(*this, comm_);
 }
 
 void NcclConnection::acquire(const char* call) {
   std::unique_lock<std::mutex> lock(mutex_);
+  acquire(call, lock);
+}
+
+void NcclConnection::acquire(const char* call, std::unique_lock<std::mutex>& lock) {
   changed_.wait(lock, [&] { return state_ != State::Connecting || aborted_; });
   if (aborted_) {
     raise(std::string(call) + ": the communicator was aborted");
@@ -471,6 +475,9 @@ void NcclConnection::Use::check(const char* call, ncclResult_t result) const {
 }
 
 void NcclConnection::checkHeld(const char* call, ncclResult_t result) {
+  if (result == ncclSuccess) {
+    return;
+  }
   ncclComm_t comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -182,6 +182,8 @@ class NcclConnection {
   // Writes why this shrink or split failed where the other members look (ChildOf::failedKey).
   void tellMembersChildFailed(const std::exception_ptr& failure);
   [[noreturn]] void raise(const std::string& reason) const;
+  // acquire(), with mutex_ held by `lock`.
+  void acquire(const char* call, std::unique_lock<std::mutex>& lock);
   void endUse();
   void settle(State state, std::exception_ptr failure);
 
