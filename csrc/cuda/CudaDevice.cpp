@@ -198,6 +198,7 @@ void StreamGate::open() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (waiting_.empty()) {
         open_ = true;
+        passesAtOnce_.store(true, std::memory_order_release);
         return;
       }
       issue = std::move(waiting_.front());
@@ -294,7 +295,7 @@ std::unique_ptr<Event> CudaDevice::createTimedEvent() {
 }
 
 void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
-  if (gate_ && internal_ && stream == *internal_) {
+  if (heldBack(stream)) {
     // It may run later, on the connecting thread: with the caller's grad mode, inference
     // mode, dispatch exclusions and the like, as it would have run here.
     task = [state = at::ThreadLocalState(), task = std::move(task)] {

@@ -3,6 +3,7 @@
 #include "core/Device.hpp"
 #include "cuda/CudaApi.hpp"
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -42,11 +43,14 @@ class StreamGate {
  public:
   void pass(std::function<void()> issue);
   void open();
+  // Open and drained: what comes now is issued at once by its caller, for good.
+  bool passesAtOnce() const { return passesAtOnce_.load(std::memory_order_acquire); }
 
  private:
   std::mutex mutex_;
   std::deque<std::function<void()>> waiting_;
   bool open_ = false;
+  std::atomic<bool> passesAtOnce_{false};
 };
 
 // The Device of the NCCL path: the caller's current CUDA stream, one internal stream of its
@@ -81,16 +85,20 @@ class CudaDevice final : public Device {
   // A lane's device: until `gate` opens (its communicator has connected), what is issued for
   // the internal stream waits in it, so the host goes on. See NcclConnection.
   void gateInternalStream(std::shared_ptr<StreamGate> gate) { gate_ = std::move(gate); }
-  // Issues `issue` for `stream`: through the gate when it is the gated internal stream (a
-  // lane's), stored as a std::function for it; on any other stream it runs at once, with
-  // nothing allocated for it.
+  // Issues `issue` for `stream`: through the gate while it holds the internal stream (a
+  // lane's, until it has connected), stored as a std::function for it; otherwise at once,
+  // with nothing allocated for it.
   template <typename Issue>
   void issueFor(c10::Stream stream, Issue&& issue) {
-    if (gate_ && internal_ && stream == *internal_) {
+    if (heldBack(stream)) {
       gate_->pass(std::function<void()>(std::forward<Issue>(issue)));
     } else {
       issue();
     }
+  }
+  // Whether work for `stream` may wait in the gate (once open and drained, it never does).
+  bool heldBack(c10::Stream stream) const {
+    return gate_ && !gate_->passesAtOnce() && internal_ && stream == *internal_;
   }
 
   const std::shared_ptr<CudaApi>& cuda() const { return cuda_; }
