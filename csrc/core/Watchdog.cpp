@@ -164,7 +164,7 @@ void Watchdog::settle(Works& faulted) {
     std::lock_guard<std::mutex> lock(timingFaultMutex_);
     if (!fault) {
       fault = std::exchange(timingFault_, nullptr);
-      timingFaulted_.store(timingFault_ != nullptr, std::memory_order_release);
+      timingFaulted_.store(false, std::memory_order_release);
     }
   }
   if (fault) {
