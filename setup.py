@@ -49,12 +49,34 @@ def nccl_wanted():
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def loaded_libstdcxx():
+    """The libstdc++ shared library this process (torch) has loaded, or None.
+
+    A compiler that links libstdc++ statically (one configured so, or one that ships only
+    libstdc++.a) would put a second copy into the extension. Calls between the copies then mix
+    two libraries' internals: on a GPU machine whose compiler (CXX, not the system's g++) did
+    this while torch loaded the system's newer libstdc++, writing an integer to a
+    std::ostringstream crashed. Naming torch's own library on the link line, ahead of the
+    compiler's, satisfies every reference, so nothing of a static copy is linked in."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None  # not Linux: the platform's own rules apply
+    for line in maps.splitlines():
+        path = line.split()[-1]
+        if Path(path).name.startswith("libstdc++.so"):
+            return path
+    return None
+
+
 def make_extension():
+    libstdcxx = loaded_libstdcxx()
     common = dict(
         name="streamnccl._C",
         include_dirs=[str(ROOT / "csrc")],
         define_macros=[("STREAMNCCL_VERSION", f'"{VERSION}"')],
         extra_compile_args={"cxx": ["-O2", "-std=c++17", "-Wall", "-Wno-unused-function"]},
+        extra_link_args=[libstdcxx] if libstdcxx else [],
     )
     nccl = find_nccl() if nccl_wanted() else None
     if nccl is None:
@@ -67,11 +89,11 @@ def make_extension():
     print(f"streamnccl: building the NCCL path against {include / 'nccl.h'}")
     common["include_dirs"].append(str(include))
     common["define_macros"].append(("STREAMNCCL_WITH_NCCL", "1"))
+    # The pip wheel ships only the versioned soname.
+    common["extra_link_args"] += ["-l:libnccl.so.2", f"-Wl,-rpath,{lib}"]
     return cpp_extension.CUDAExtension(
         sources=cpp_sources("csrc", "csrc/core", "csrc/host", "csrc/sim", "csrc/cuda", "csrc/fake"),
         library_dirs=[str(lib)],
-        # The pip wheel ships only the versioned soname.
-        extra_link_args=["-l:libnccl.so.2", f"-Wl,-rpath,{lib}"],
         **common,
     )
 

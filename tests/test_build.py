@@ -54,6 +54,46 @@ def test_extension_links_the_nccl_library():
     assert "nccl" in info["paths"]
 
 
+# Symbols that only libstdc++ itself defines (no user's code instantiates them): a library that
+# defines one carries its own copy of libstdc++.
+LIBSTDCXX_OWN_SYMBOLS = {
+    "_ZNSt6locale7classicEv": "std::locale::classic()",
+    "_ZNSo9_M_insertIlEERSoT_": "std::ostream::_M_insert<long>",
+}
+
+
+def libstdcxx_copied_into(library) -> list[str]:
+    defined = subprocess.run(
+        ["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [name for symbol, name in LIBSTDCXX_OWN_SYMBOLS.items() if symbol in defined]
+
+
+def test_the_extension_uses_the_libstdcxx_torch_loads():
+    """A copy of libstdc++ inside the extension mixes with the one torch loaded: on a GPU
+    machine, writing an integer to a std::ostringstream (a flight recorder dump, an error
+    message) crashed the process."""
+    assert libstdcxx_copied_into(streamnccl._C.__file__) == []
+    libs = subprocess.run(
+        ["ldd", streamnccl._C.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    assert "libstdc++.so.6" in libs, libs
+
+
+def test_a_compiler_that_links_libstdcxx_statically_still_gives_no_copy(tmp_path):
+    """The extension linked again, as a compiler that links libstdc++ statically links it (the
+    GPU machine's did): setup.py names torch's libstdc++ first, so nothing is copied in."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, LDFLAGS="-static-libstdc++", MAX_JOBS="2")
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (library,) = (tmp_path / "streamnccl").glob("_C*.so")
+    assert libstdcxx_copied_into(library) == []
+
+
 def test_python_dash_m_prints_info_as_json():
     out = subprocess.run(
         [sys.executable, "-m", "streamnccl"],
