@@ -192,13 +192,15 @@ def test_options_refuse_the_nccl_variables_that_would_override_streamnccls_confi
         streamnccl.Options().resolved()
 
 
-def test_gpu_check_says_there_is_no_gpu_and_passes(tmp_path):
-    """scripts/gpu-check.sh, the one command for a GPU machine, exits 0 at once without one."""
+@pytest.mark.parametrize("script", ["gpu-check", "gpu-report"])
+def test_the_gpu_scripts_say_there_is_no_gpu_and_pass(script, tmp_path):
+    """scripts/gpu-check.sh and gpu-report.sh, the commands for a GPU machine, exit 0 at once
+    without one, saying so."""
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
-        ["bash", str(root / "scripts" / "gpu-check.sh")],
+        ["bash", str(root / "scripts" / f"{script}.sh"), str(tmp_path / "report")],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "gpu-check: no CUDA device is visible" in done.stdout
+    assert f"{script}: no CUDA device is visible" in done.stdout
