@@ -84,3 +84,229 @@ def test_a_flush_past_the_timeout_aborts_and_says_which_op(rank_pools):
     took = rank_pools(2).run(_flush_past_the_timeout)
     assert took[0] < 2, took  # nothing of rank 0's was in flight
     assert GROUP_TIMEOUT_S - 1 < took[1] < GROUP_TIMEOUT_S + 5, took
+
+
+# --- a group let go of, or shut down, on one of its own threads
+#
+# An op's future callback runs on the group's worker (the host path's internal stream) or,
+# when the op fails, on its watchdog. A callback may hold the last reference to the group, or
+# shut it down. The teardown waits for the group's ops and joins its threads: run there, it
+# waited for the very thread it ran on (the op "timed out" after the group's timeout though
+# it had completed, and the thread never came back). These run in a child process, two ranks
+# of the host path in it, since the old failure left a thread stuck for good.
+
+ASYNC_OPTIONS = """
+    from torch._C._distributed_c10d import AllreduceOptions
+    ASYNC = AllreduceOptions()
+    ASYNC.asyncOp = True
+"""
+
+
+def two_host_groups(timeout, gloo_timeout=None):
+    """Ranks 0 and 1 of a streamnccl group on the host path, both in this process; Gloo's own
+    timeout is the group's unless given."""
+    import threading
+
+    import streamnccl
+
+    store = dist.HashStore()
+    groups = [None, None]
+
+    def make(rank):  # Gloo's ranks connect to each other: made at once
+        gloo = dist.ProcessGroupGloo(
+            dist.PrefixStore("gloo/", store), rank, 2, gloo_timeout or timeout
+        )
+        options = streamnccl.Options()
+        groups[rank] = streamnccl.ProcessGroup(store, rank, 2, timeout, options, gloo)
+
+    makers = [threading.Thread(target=make, args=(rank,)) for rank in range(2)]
+    for maker in makers:
+        maker.start()
+    for maker in makers:
+        maker.join()
+    return groups
+
+
+def group_threads():
+    """The names of this process's threads that streamnccl's groups run."""
+    import os
+
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except FileNotFoundError:  # ended meanwhile
+            continue
+    return [name for name in names if name.startswith("streamnccl")]
+
+
+def until_group_threads_end():
+    deadline = time.monotonic() + 30
+    while group_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return group_threads()
+
+
+def run_child(scenario):
+    import fakes
+
+    return fakes.run_child("test_teardown", ASYNC_OPTIONS + scenario)
+
+
+LET_GO_IN_A_CALLBACK = """
+    import threading, torch
+    from datetime import timedelta
+    # A timeout far past the child's: waiting for itself, the group would still be waiting.
+    groups = t.two_host_groups(timedelta(seconds=300))
+    x = [torch.ones(4), torch.ones(4)]
+    future = groups[0].allreduce([x[0]], ASYNC).get_future()
+    holder, where, returned = [groups[0]], [], threading.Event()
+    groups[0] = None
+
+    def let_go(_):
+        where.append(open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip())
+        holder.clear()  # the last reference to rank 0's group
+        returned.set()
+
+    future.then(let_go)
+    groups[1].allreduce([x[1]], ASYNC).wait()  # rank 1 joins in: rank 0's op completes
+    print("returned:", returned.wait(30), "on", where)
+    future.wait()  # raises if the op was failed
+    print("result:", x[0].tolist())
+    groups[1].shutdown()
+    groups = None
+    print("threads left:", t.until_group_threads_end())
+"""
+
+
+def test_a_group_let_go_of_in_its_ops_callback_ends_without_waiting_for_itself():
+    output = run_child(LET_GO_IN_A_CALLBACK)
+    assert "returned: True on ['streamnccl-host']" in output, output
+    assert "result: [2.0, 2.0, 2.0, 2.0]" in output, output
+    assert "threads left: []" in output, output
+
+
+SHUT_DOWN_IN_A_CALLBACK = """
+    import threading, torch
+    from datetime import timedelta
+    import torch.distributed as dist
+    groups = t.two_host_groups(timedelta(seconds=300))
+    x = [torch.ones(4), torch.ones(4)]
+    future = groups[0].allreduce([x[0]], ASYNC).get_future()
+    returned = threading.Event()
+
+    def shut_down(_):
+        groups[0].shutdown()  # as destroy_process_group() of a subgroup does
+        returned.set()
+
+    future.then(shut_down)
+    groups[1].allreduce([x[1]], ASYNC).wait()
+    print("returned:", returned.wait(30))
+    future.wait()
+    print("result:", x[0].tolist())
+    try:
+        groups[0].allreduce([x[0]], ASYNC)
+    except dist.DistBackendError as error:
+        print("later op:", "shut down" in str(error))
+    groups[0].shutdown()  # again, from here: nothing left to do
+    groups[1].shutdown()
+    groups = None
+    print("threads left:", t.until_group_threads_end())
+"""
+
+
+def test_a_group_shut_down_in_its_ops_callback_ends_without_waiting_for_itself():
+    output = run_child(SHUT_DOWN_IN_A_CALLBACK)
+    assert "returned: True" in output, output
+    assert "result: [2.0, 2.0, 2.0, 2.0]" in output, output
+    assert "later op: True" in output, output
+    assert "threads left: []" in output, output
+
+
+LET_GO_WHEN_THE_WATCHDOG_FAILS_ITS_OP = """
+    import threading, torch
+    from datetime import timedelta
+    # The watchdog's timeout comes first: Gloo's own would fail the op on the worker.
+    groups = t.two_host_groups(timedelta(seconds=1), gloo_timeout=timedelta(seconds=300))
+    future = groups[0].allreduce([torch.ones(4)], ASYNC).get_future()  # rank 1 never comes
+    holder, where, returned = [groups[0]], [], threading.Event()
+    groups[0] = None
+
+    def let_go(_):
+        where.append(open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip())
+        holder.clear()  # the last reference to rank 0's group, on its watchdog's thread
+        returned.set()
+
+    future.then(let_go)
+    print("returned:", returned.wait(30), "on", where)
+    try:
+        future.wait()
+    except Exception as error:
+        print("failed:", "timed out" in str(error))
+    groups[1].shutdown()
+    groups = None
+    print("threads left:", t.until_group_threads_end())
+"""
+
+
+def test_a_group_let_go_of_by_its_watchdog_ends_without_waiting_for_itself():
+    output = run_child(LET_GO_WHEN_THE_WATCHDOG_FAILS_ITS_OP)
+    assert "returned: True on ['streamnccl-wdog']" in output, output
+    assert "failed: True" in output, output
+    assert "threads left: []" in output, output
+
+
+SHUT_DOWN_IN_A_CALLBACK_AND_ELSEWHERE = """
+    import threading, torch
+    from datetime import timedelta
+    groups = t.two_host_groups(timedelta(seconds=300))
+    x = [torch.ones(4), torch.ones(4)]
+    future = groups[0].allreduce([x[0]], ASYNC).get_future()
+    returned = threading.Event()
+
+    def shut_down(_):
+        groups[0].shutdown()
+        returned.set()
+
+    future.then(shut_down)
+    # Another thread shuts rank 0's group down too, finishing its op first; whichever comes
+    # first, the callback must not wait for that teardown, which waits for the callback.
+    elsewhere = threading.Thread(target=groups[0].shutdown)
+    elsewhere.start()
+    groups[1].allreduce([x[1]], ASYNC).wait()
+    print("returned:", returned.wait(30))
+    elsewhere.join(30)
+    print("shut down elsewhere:", not elsewhere.is_alive())
+    print("result:", x[0].tolist())
+    groups[1].shutdown()
+    groups = None
+    print("threads left:", t.until_group_threads_end())
+"""
+
+
+def test_a_group_shut_down_in_its_ops_callback_and_elsewhere_at_once_ends():
+    output = run_child(SHUT_DOWN_IN_A_CALLBACK_AND_ELSEWHERE)
+    assert "returned: True" in output, output
+    assert "shut down elsewhere: True" in output, output
+    assert "result: [2.0, 2.0, 2.0, 2.0]" in output, output
+    assert "threads left: []" in output, output
+
+
+EXIT_RIGHT_AFTER_LETTING_GO_IN_A_CALLBACK = """
+    import threading, torch
+    from datetime import timedelta
+    groups = t.two_host_groups(timedelta(seconds=300))
+    future = groups[0].allreduce([torch.ones(4)], ASYNC).get_future()
+    holder, returned = [groups[0]], threading.Event()
+    groups[0] = None
+    future.then(lambda _: (holder.clear(), returned.set()))
+    groups[1].allreduce([torch.ones(4)], ASYNC).wait()
+    print("returned:", returned.wait(30))
+    # The interpreter exits at once: its exit waits for the teardown running apart.
+"""
+
+
+def test_the_exit_waits_for_a_teardown_running_apart():
+    output = run_child(EXIT_RIGHT_AFTER_LETTING_GO_IN_A_CALLBACK)  # the child exits with 0
+    assert "returned: True" in output, output

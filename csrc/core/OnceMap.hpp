@@ -72,12 +72,16 @@ class OnceMap {
     return values;
   }
 
-  // Destroys every value made, outside the lock.
-  void clear() {
-    std::unordered_map<Key, std::shared_ptr<Slot>, Hash> slots;
+  // Empties the map; every value made lives on, at the same address, as long as the handle
+  // returned (and is destroyed with it, outside the lock).
+  std::shared_ptr<void> release() {
+    auto slots = std::make_shared<std::unordered_map<Key, std::shared_ptr<Slot>, Hash>>();
     std::lock_guard<std::mutex> lock(mutex_);
-    slots.swap(slots_);
+    slots->swap(slots_);
+    return slots;
   }
+  // Destroys every value made, outside the lock.
+  void clear() { release(); }
 
  private:
   struct Slot {

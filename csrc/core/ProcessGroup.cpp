@@ -1,9 +1,12 @@
 #include "core/ProcessGroup.hpp"
 
 #include "core/Errors.hpp"
+#include "core/GroupTeardown.hpp"
+#include "core/GroupThreads.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
@@ -43,11 +46,18 @@ const c10::TypePtr& tensorListType() {
   return type;
 }
 
+// `rank`, checked against `size` before any of the group's threads starts.
+int validRank(int rank, int size) {
+  TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
+                    " is not in [0, ", size, ")");
+  return rank;
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
                            PathFactories factories, c10::intrusive_ptr<c10d::Store> store)
-    : c10d::Backend(rank, size),
+    : c10d::Backend(validRank(rank, size), size),
       options_(std::move(options)),
       factories_(std::move(factories)),
       store_(std::move(store)),
@@ -58,8 +68,6 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
       inflightWrites_(options_->useInflightWriteChecks() ? std::make_shared<InflightWrites>()
                                                          : nullptr),
       uid_(groupsMade++) {
-  TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
-                    " is not in [0, ", size, ")");
   globalRanks_.resize(size);
   std::iota(globalRanks_.begin(), globalRanks_.end(), 0);
   std::lock_guard<std::mutex> lock(liveGroupsMutex);
@@ -67,15 +75,20 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
 }
 
 void ProcessGroup::shutdownAll() {
-  std::lock_guard<std::mutex> lock(liveGroupsMutex);  // a group's destructor waits meanwhile
-  // In the order the groups were made, which every rank shares: closing a group's
-  // communicators meets the other ranks' closing of theirs.
-  std::vector<ProcessGroup*> groups(liveGroups().begin(), liveGroups().end());
-  std::sort(groups.begin(), groups.end(),
-            [](const ProcessGroup* a, const ProcessGroup* b) { return a->uid_ < b->uid_; });
-  for (ProcessGroup* group : groups) {
-    group->shutdown();
+  {
+    std::lock_guard<std::mutex> lock(liveGroupsMutex);  // a group's destructor waits meanwhile
+    // In the order the groups were made, which every rank shares: closing a group's
+    // communicators meets the other ranks' closing of theirs.
+    std::vector<ProcessGroup*> groups(liveGroups().begin(), liveGroups().end());
+    std::sort(groups.begin(), groups.end(),
+              [](const ProcessGroup* a, const ProcessGroup* b) { return a->uid_ < b->uid_; });
+    for (ProcessGroup* group : groups) {
+      group->shutdown();
+    }
   }
+  // And the groups let go of on their own threads, whose teardown runs apart (without the
+  // lock: what such a teardown lets go of may destroy a group).
+  waitForTeardownsApart();
 }
 
 void ProcessGroup::retireCompletedOfAll() {
@@ -86,69 +99,60 @@ void ProcessGroup::retireCompletedOfAll() {
 }
 
 void ProcessGroup::shutdown() {
-  std::call_once(closed_, [&] { close(); });
+  if (closeStarted_.exchange(true)) {
+    // Another call is closing the group. On one of the group's threads, waiting for it could
+    // be waiting for ourselves (it waits for the op whose callback this is): return at once,
+    // as a teardown run apart does.
+    if (!onGroupThread()) {
+      std::unique_lock<std::mutex> lock(closedMutex_);
+      closedChanged_.wait(lock, [&] { return closeReturned_; });
+    }
+    return;
+  }
+  auto returned = c10::make_scope_exit([&] {
+    {
+      std::lock_guard<std::mutex> lock(closedMutex_);
+      closeReturned_ = true;
+    }
+    closedChanged_.notify_all();
+  });
+  close();
 }
 
 ProcessGroup::~ProcessGroup() {
-  {
-    std::lock_guard<std::mutex> lock(liveGroupsMutex);
-    liveGroups().erase(this);
-  }
+  // Shut down while still counted among the live groups: on a group thread the teardown goes
+  // apart, and is counted as such before shutdownAll() (at exit) can miss it.
   shutdown();
+  std::lock_guard<std::mutex> lock(liveGroupsMutex);
+  liveGroups().erase(this);
 }
 
 void ProcessGroup::close() {
   shutDown_.store(true, std::memory_order_release);  // later calls raise
-  if (coalescing_) {
+  const bool onItsThread = onGroupThread();
+  // (The coalescing state is the calling thread's program order: not a group thread's to touch.)
+  if (coalescing_ && !onItsThread) {
     LOG(WARNING) << who() << " shut down with a coalescing group still open: its "
                  << coalescing_->steps.size() << " op(s) were never launched";
     coalescing_.reset();
   }
-  // Finishing what was issued, as gloo and the built-in nccl do: every rank's results are
-  // complete before the communicators go. Bounded by the group's timeout, like every op.
-  const auto deadline = Watchdog::Clock::now() + options_->timeout;
-  const bool finished = watchdog_->finish(deadline);
-  const auto unfinished = watchdog_->unfinished();
-  if (!finished && !health_->broken()) {
-    // Past the timeout: the ranks are no longer in step. Breaking the group fails these ops
-    // (with the evidence dumped) and aborts the communicators, which a peer that never comes
-    // would otherwise keep waiting forever.
-    breakGroupAtTeardown(unfinished);
+  // From here on the watchdog names the group without asking it: the group may be gone
+  // before the watchdog stops (below, when the teardown runs apart).
+  const OpInfo group = groupInfo();
+  watchdog_->describeGroupAs(group);
+  GroupTeardown teardown{group, options_->timeout, watchdog_, health_, shrunk_.load(), {}};
+  if (onItsThread) {
+    LOG(INFO) << who() << " shut down on a thread of a group (an op's future callback let go "
+              << "of it, or shut it down): the teardown goes on on a thread of its own";
+    teardown.paths = {anySourceLanes_.release(), lanes_.release(), paths_.release()};
+    runApart(std::move(teardown));
+    return;
   }
-  watchdog_->stop();
-  if (health_->broken()) {
-    LOG(WARNING) << who() << " destroyed after it broke: its communicators were aborted";
-    watchdog_->abortCommunicators();
-  } else if (shrunk_.load()) {
-    LOG(INFO) << who() << " destroyed after shrink_group: its communicators were aborted, "
-              << "not finalized (the ranks left out take no part in finalizing)";
-    watchdog_->abortCommunicators();
-  } else {
-    for (const auto& why : watchdog_->closeCommunicators(deadline)) {
-      LOG(ERROR) << who() << " " << why;
-    }
-  }
-  // Failed ops wait for their end, which the aborts let pass: a few seconds at most, and no
-  // longer than the group's timeout.
-  const auto grace =
-      std::min<std::chrono::milliseconds>(std::chrono::seconds(10), options_->timeout);
-  if (const size_t kept = watchdog_->releaseAll(Watchdog::Clock::now() + grace)) {
-    LOG(ERROR) << who() << " " << kept << " failed op(s) still had kernels queued after the "
-               << "abort: their tensors are kept for good rather than freed under them";
-  }
+  teardown.run();
   // Each device finishes what its streams hold (the host's workers have nothing left).
   anySourceLanes_.clear();
   lanes_.clear();
   paths_.clear();
-}
-
-void ProcessGroup::breakGroupAtTeardown(const std::vector<std::string>& unfinished) {
-  const std::string ops = c10::Join(", ", unfinished);
-  auto error = makeDistBackendError(who() + " destroyed with " + std::to_string(unfinished.size()) +
-                                    " op(s) unfinished after the group's timeout of " +
-                                    std::to_string(options_->timeout.count()) + " ms (" + ops +
-                                    "): aborting its communicators instead of finishing them");
-  watchdog_->breakGroup(groupInfo(), error);
 }
 
 OpInfo ProcessGroup::groupInfo() const {

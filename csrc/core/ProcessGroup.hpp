@@ -91,7 +91,9 @@ class ProcessGroup final : public c10d::Backend {
   // exit for groups still alive then): the ops in flight are finished first, up to the group's
   // timeout, then the communicators are closed in order (NCCL: finalized, then destroyed).
   // Only a broken group, or ops still unfinished at the timeout, aborts them instead, and says
-  // so in the log. Later calls raise. Idempotent; returns once the group's threads are done.
+  // so in the log. Later calls raise. Idempotent; returns once the group's threads are done,
+  // except on one of them (an op's future callback): the teardown then goes on on a thread of
+  // its own, which the process's exit waits for (GroupTeardown.hpp).
   void shutdown() override;
   // shutdown() of every group alive in this process (at exit, before the interpreter
   // finalizes: a thread that releases tensors needs the GIL, which it then no longer gives).
@@ -235,8 +237,6 @@ class ProcessGroup final : public c10d::Backend {
   void refuseIfBroken(const char* op) const;
   // shutdown()'s work, run once (see shutdown()).
   void close();
-  // At close(): the ops in `unfinished` did not end within the timeout.
-  void breakGroupAtTeardown(const std::vector<std::string>& unfinished);
   // Runs a factory's opening of a path for `op`: a reason the device cannot be used becomes a
   // bad argument, a fault while connecting breaks the group. Each communicator opened is
   // watched (and aborted with the group) from the moment it exists.
@@ -315,7 +315,12 @@ class ProcessGroup final : public c10d::Backend {
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};
-  std::once_flag closed_;
+  // shutdown(): the first call closes the group; the others wait until close() has returned
+  // (except on a group thread, see shutdown()).
+  std::atomic<bool> closeStarted_{false};
+  std::mutex closedMutex_;
+  std::condition_variable closedChanged_;
+  bool closeReturned_ = false;
   std::atomic<bool> shutDown_{false};
   // Coalescing is per calling thread's program order, like every op of a group.
   std::optional<Coalesced> coalescing_;

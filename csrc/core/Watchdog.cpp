@@ -1,6 +1,7 @@
 #include "core/Watchdog.hpp"
 
 #include "core/Errors.hpp"
+#include "core/GroupThreads.hpp"
 
 #include <c10/util/Logging.h>
 #include <c10/util/thread_name.h>
@@ -42,9 +43,17 @@ std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
                                           std::function<OpInfo()> describeGroup) {
   std::shared_ptr<Watchdog> watchdog(
       new Watchdog(std::move(health), std::move(stats), std::move(describeGroup)));
-  watchdog->thread_ = std::thread([raw = watchdog.get()] {  // joined by stop()
+  // The thread holds the watchdog one period at a time: if its last owner lets go meanwhile
+  // (the group destroyed elsewhere without stop(), which close() never does), ~Watchdog runs
+  // on this thread at the period's end, detaches it, and the loop ends on the expired weak_ptr.
+  watchdog->thread_ = std::thread([weak = std::weak_ptr<Watchdog>(watchdog)] {
     c10::setThreadName("streamnccl-wdog");
-    raw->loop();
+    markGroupThread();
+    while (auto self = weak.lock()) {
+      if (!self->waitThenCheck()) {
+        return;
+      }
+    }
   });
   return watchdog;
 }
@@ -64,26 +73,44 @@ void Watchdog::stop() {
   }
   wake_.notify_all();
   std::lock_guard<std::mutex> lock(joinMutex_);  // one joiner at a time
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+  if (!thread_.joinable()) {
+    return;
+  }
+  // On the watchdog's own thread (~Watchdog at the end of its period): joining would wait for
+  // ourselves, and a std::thread destroyed joinable ends the process.
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
     thread_.join();
   }
 }
 
-void Watchdog::loop() {
-  std::unique_lock<std::mutex> lock(stopMutex_);
-  while (!wake_.wait_for(lock, kPeriod, [&] { return stopping_; })) {
-    lock.unlock();
-    // Nothing may escape this thread: an exception here would end the process without a
-    // word. Whatever goes wrong breaks the group instead, with the evidence.
-    try {
-      check();
-    } catch (...) {
-      breakGroup(describeGroup_(),
-                 makeDistBackendError(describeGroup_().who() +
-                                      " watchdog: " + describeException(std::current_exception())));
+OpInfo Watchdog::describeGroup() {
+  std::lock_guard<std::mutex> lock(describeMutex_);
+  return describeGroup_();
+}
+
+void Watchdog::describeGroupAs(const OpInfo& group) {
+  std::lock_guard<std::mutex> lock(describeMutex_);  // waits for a description under way
+  describeGroup_ = [group] { return group; };
+}
+
+bool Watchdog::waitThenCheck() {
+  {
+    std::unique_lock<std::mutex> lock(stopMutex_);
+    if (wake_.wait_for(lock, kPeriod, [&] { return stopping_; })) {
+      return false;
     }
-    lock.lock();
   }
+  // Nothing may escape this thread: an exception here would end the process without a
+  // word. Whatever goes wrong breaks the group instead, with the evidence.
+  try {
+    check();
+  } catch (...) {
+    breakGroup(describeGroup(), makeDistBackendError(describeGroup().who() + " watchdog: " +
+                                                     describeException(std::current_exception())));
+  }
+  return true;
 }
 
 void Watchdog::watch(std::shared_ptr<Communicator> communicator) {
@@ -168,7 +195,7 @@ void Watchdog::settle(Works& faulted) {
     }
   }
   if (fault) {
-    const OpInfo group = describeGroup_();
+    const OpInfo group = describeGroup();
     breakGroup(group, makeDistBackendError(group.who() + " " + describeException(fault)));
   }
 }
@@ -217,7 +244,7 @@ void Watchdog::check() {
   }
   for (const auto& communicator : communicators) {
     if (std::string error = communicator->asyncError(); !error.empty()) {
-      const OpInfo group = describeGroup_();
+      const OpInfo group = describeGroup();
       breakGroup(group, makeDistBackendError(group.who() + " " + error));
       break;
     }
@@ -290,7 +317,7 @@ void Watchdog::abortCommunicators() {
       try {
         communicator->abort();
       } catch (const std::exception& e) {  // the others must still be aborted
-        LOG(ERROR) << describeGroup_().who() << " aborting a communicator failed: " << e.what();
+        LOG(ERROR) << describeGroup().who() << " aborting a communicator failed: " << e.what();
       }
     }
   });

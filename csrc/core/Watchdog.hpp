@@ -45,7 +45,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   using Clock = std::chrono::steady_clock;
 
   // `describeGroup` names the group in the watchdog's own messages; it is called only until
-  // stop().
+  // describeGroupAs() (or stop()).
   // `stats`: where each op's end is counted.
   static std::shared_ptr<Watchdog> start(std::shared_ptr<GroupHealth> health,
                                          std::shared_ptr<GroupStats> stats,
@@ -56,6 +56,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
 
   // Stops the thread (idempotent). Called at the group's end, after finish().
   void stop();
+  // From now on the group is named `group` without asking it (the group object may go first).
+  void describeGroupAs(const OpInfo& group);
 
   GroupHealth& health() { return *health_; }
 
@@ -95,7 +97,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
 
   Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
            std::function<OpInfo()> describeGroup);
-  void loop();
+  OpInfo describeGroup();
+  // One period of the thread: waits for it, then check(); false once stop() was called.
+  bool waitThenCheck();
   void check();
   // With mutex_ held: moves the ops whose end has passed (in flight, or failed and waiting for
   // it) to ended_, and marks started ones in the flight recorder. Those whose event query met
@@ -114,7 +118,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
 
   const std::shared_ptr<GroupHealth> health_;
   const std::shared_ptr<GroupStats> stats_;
-  const std::function<OpInfo()> describeGroup_;
+  std::mutex describeMutex_;  // describeGroup_ is replaced by describeGroupAs()
+  std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;
   Works inFlight_;       // end not yet passed

@@ -1,6 +1,7 @@
 #include "cuda/NcclConnection.hpp"
 
 #include "core/Errors.hpp"
+#include "core/GroupThreads.hpp"
 #include "cuda/NcclErrors.hpp"
 
 #include <c10/util/Logging.h>
@@ -47,15 +48,22 @@ const char* keptForever(const std::string& name) {
 std::shared_ptr<NcclConnection> NcclConnection::open(Settings settings) {
   std::shared_ptr<NcclConnection> connection(new NcclConnection(std::move(settings), {}));
   // The thread's reference keeps the connection alive while it connects, even if its owner
-  // goes meanwhile (it then aborts the connecting).
-  connection->connector_ = std::thread([self = connection] { self->connect(); });
+  // goes meanwhile (it then aborts the connecting). It is a group thread: ops that waited for
+  // the connection are issued from it, and their futures' callbacks run there.
+  connection->connector_ = std::thread([self = connection] {
+    markGroupThread();
+    self->connect();
+  });
   return connection;
 }
 
 std::shared_ptr<NcclConnection> NcclConnection::fromParent(Settings settings, ChildOf origin) {
   std::shared_ptr<NcclConnection> connection(
       new NcclConnection(std::move(settings), std::move(origin)));
-  connection->connector_ = std::thread([self = connection] { self->connect(); });
+  connection->connector_ = std::thread([self = connection] {
+    markGroupThread();
+    self->connect();
+  });
   return connection;
 }
 

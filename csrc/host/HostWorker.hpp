@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -25,18 +26,25 @@ class HostWorker {
   void runInOrder(const std::function<void()>& task);
 
  private:
-  void loop();
-  void startThreadLocked();  // with `mutex_` held
+  // What the worker thread uses. Shared with the thread, so that when the last owner of the
+  // HostWorker lets go of it inside a task (a future callback dropping its group), the thread,
+  // left detached, still finds all of it to run the tasks left and end.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::condition_variable idle;
+    std::deque<std::function<void()>> tasks;
+    bool busy = false;  // a task is running, on the worker or on a caller
+    bool stopping = false;
+    // The worker's id, read without the lock by callers asking whether they are it.
+    std::atomic<std::thread::id> workerId{};
+  };
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
-  std::deque<std::function<void()>> tasks_;
-  bool busy_ = false;  // a task is running, on the worker or on a caller
-  bool stopping_ = false;
+  static void loop(const std::shared_ptr<State>& state);
+  void startThreadLocked();  // with `state_->mutex` held
+
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread thread_;
-  // The worker's id, read without the lock by callers asking whether they are it.
-  std::atomic<std::thread::id> workerId_{};
 };
 
 }  // namespace streamnccl
