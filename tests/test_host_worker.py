@@ -29,7 +29,7 @@ def threads_named(name):
                 for line in status:
                     if line.startswith("voluntary_ctxt_switches:"):
                         switches[task] = int(line.split()[1])
-        except FileNotFoundError:  # the thread ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
     return switches
 

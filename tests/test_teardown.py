@@ -136,7 +136,7 @@ def group_threads():
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
                 names.append(comm.read().strip())
-        except FileNotFoundError:  # ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
             continue
     return [name for name in names if name.startswith("streamnccl")]
 

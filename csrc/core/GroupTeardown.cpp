@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
-#include <system_error>
 #include <thread>
 
 namespace streamnccl {
@@ -66,35 +65,44 @@ void GroupTeardown::run() {
   }
 }
 
-void runApart(GroupTeardown teardown) {
-  {
-    std::lock_guard<std::mutex> lock(apartMutex);
-    ++apartRunning;
-  }
-  auto ended = [] {
-    std::lock_guard<std::mutex> lock(apartMutex);
-    --apartRunning;
-    apartEnded.notify_all();
-  };
+void reserveTeardownApart() {
+  std::lock_guard<std::mutex> lock(apartMutex);
+  ++apartRunning;
+}
+
+void unreserveTeardownApart() {
+  std::lock_guard<std::mutex> lock(apartMutex);
+  --apartRunning;
+  apartEnded.notify_all();
+}
+
+void runApart(GroupTeardown teardown, bool reserved) {
   auto shared = std::make_shared<GroupTeardown>(std::move(teardown));
+  auto runLogged = [](GroupTeardown& teardown) {
+    try {
+      teardown.run();
+    } catch (...) {
+      LOG(ERROR) << teardown.group.who()
+                 << " teardown failed: " << describeException(std::current_exception());
+    }
+  };
+  if (!reserved) {
+    reserveTeardownApart();
+  }
   try {
-    std::thread([shared, ended]() mutable {
+    std::thread([shared, runLogged]() mutable {
       c10::setThreadName("streamnccl-end");
-      try {
-        shared->run();
-      } catch (...) {
-        LOG(ERROR) << shared->group.who()
-                   << " teardown failed: " << describeException(std::current_exception());
-      }
+      runLogged(*shared);
       shared.reset();  // let go of everything before saying it has ended
-      ended();
+      unreserveTeardownApart();
     }).detach();
-  } catch (const std::system_error& error) {
+  } catch (...) {
     // No thread to be had: on this one, then, at the risk of waiting for it (see the header).
-    LOG(ERROR) << shared->group.who() << " no thread for its teardown (" << error.what()
+    LOG(ERROR) << shared->group.who() << " no thread for its teardown ("
+               << describeException(std::current_exception())
                << "): it runs on the thread that let go of the group";
-    ended();
-    shared->run();
+    unreserveTeardownApart();
+    runLogged(*shared);
   }
 }
 

@@ -33,8 +33,11 @@ struct GroupTeardown {
   void run();
 };
 
+// Counts a teardown apart ahead of runApart(..., reserved=true), or gives the count back.
+void reserveTeardownApart();
+void unreserveTeardownApart();
 // Runs `teardown` on a thread of its own; waitForTeardownsApart() waits for it.
-void runApart(GroupTeardown teardown);
+void runApart(GroupTeardown teardown, bool reserved = false);
 // Returns once every teardown runApart() started has ended (at exit).
 void waitForTeardownsApart();
 

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <sstream>
 #include <unordered_set>
+#include <utility>
 
 namespace streamnccl {
 namespace {
@@ -99,6 +100,7 @@ void ProcessGroup::retireCompletedOfAll() {
 }
 
 void ProcessGroup::shutdown() {
+  shutDown_.store(true, std::memory_order_release);  // later calls raise, from here on
   if (closeStarted_.exchange(true)) {
     // Another call is closing the group. On one of the group's threads, waiting for it could
     // be waiting for ourselves (it waits for the op whose callback this is): return at once,
@@ -109,6 +111,7 @@ void ProcessGroup::shutdown() {
     }
     return;
   }
+  // Said even if close() throws (only out of memory): nobody waits for ever; nobody retries.
   auto returned = c10::make_scope_exit([&] {
     {
       std::lock_guard<std::mutex> lock(closedMutex_);
@@ -120,15 +123,23 @@ void ProcessGroup::shutdown() {
 }
 
 ProcessGroup::~ProcessGroup() {
-  // Shut down while still counted among the live groups: on a group thread the teardown goes
-  // apart, and is counted as such before shutdownAll() (at exit) can miss it.
+  // On a group thread the teardown goes apart: counted as such before the group leaves the
+  // live groups, so that shutdownAll() at exit, which no longer sees it there, waits for it.
+  apartReserved_ = onGroupThread();
+  if (apartReserved_) {
+    reserveTeardownApart();
+  }
+  {
+    std::lock_guard<std::mutex> lock(liveGroupsMutex);
+    liveGroups().erase(this);
+  }
   shutdown();
-  std::lock_guard<std::mutex> lock(liveGroupsMutex);
-  liveGroups().erase(this);
+  if (apartReserved_) {
+    unreserveTeardownApart();  // not used: the group was being closed already
+  }
 }
 
 void ProcessGroup::close() {
-  shutDown_.store(true, std::memory_order_release);  // later calls raise
   const bool onItsThread = onGroupThread();
   // (The coalescing state is the calling thread's program order: not a group thread's to touch.)
   if (coalescing_ && !onItsThread) {
@@ -145,7 +156,7 @@ void ProcessGroup::close() {
     LOG(INFO) << who() << " shut down on a thread of a group (an op's future callback let go "
               << "of it, or shut it down): the teardown goes on on a thread of its own";
     teardown.paths = {anySourceLanes_.release(), lanes_.release(), paths_.release()};
-    runApart(std::move(teardown));
+    runApart(std::move(teardown), /*reserved=*/std::exchange(apartReserved_, false));
     return;
   }
   teardown.run();

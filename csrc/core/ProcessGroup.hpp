@@ -321,6 +321,7 @@ class ProcessGroup final : public c10d::Backend {
   std::mutex closedMutex_;
   std::condition_variable closedChanged_;
   bool closeReturned_ = false;
+  bool apartReserved_ = false;  // the destructor counted a teardown apart ahead (see there)
   std::atomic<bool> shutDown_{false};
   // Coalescing is per calling thread's program order, like every op of a group.
   std::optional<Coalesced> coalescing_;
