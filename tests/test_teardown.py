@@ -148,6 +148,22 @@ def until_group_threads_end():
     return group_threads()
 
 
+def letting_go(holder):
+    """A future callback that lets go of the group in `holder` (its last reference), and what
+    it saw: the names of the threads it ran on, and an Event set once it returned."""
+    import threading
+
+    where, returned = [], threading.Event()
+
+    def let_go(_):
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+            where.append(comm.read().strip())
+        holder.clear()
+        returned.set()
+
+    return let_go, where, returned
+
+
 def run_child(scenario):
     import fakes
 
@@ -155,20 +171,15 @@ def run_child(scenario):
 
 
 LET_GO_IN_A_CALLBACK = """
-    import threading, torch
+    import torch
     from datetime import timedelta
     # A timeout far past the child's: waiting for itself, the group would still be waiting.
     groups = t.two_host_groups(timedelta(seconds=300))
     x = [torch.ones(4), torch.ones(4)]
     future = groups[0].allreduce([x[0]], ASYNC).get_future()
-    holder, where, returned = [groups[0]], [], threading.Event()
+    holder = [groups[0]]  # the last reference to rank 0's group, let go of on its worker
     groups[0] = None
-
-    def let_go(_):
-        where.append(open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip())
-        holder.clear()  # the last reference to rank 0's group
-        returned.set()
-
+    let_go, where, returned = t.letting_go(holder)
     future.then(let_go)
     groups[1].allreduce([x[1]], ASYNC).wait()  # rank 1 joins in: rank 0's op completes
     print("returned:", returned.wait(30), "on", where)
@@ -225,19 +236,14 @@ def test_a_group_shut_down_in_its_ops_callback_ends_without_waiting_for_itself()
 
 
 LET_GO_WHEN_THE_WATCHDOG_FAILS_ITS_OP = """
-    import threading, torch
+    import torch
     from datetime import timedelta
     # The watchdog's timeout comes first: Gloo's own would fail the op on the worker.
     groups = t.two_host_groups(timedelta(seconds=1), gloo_timeout=timedelta(seconds=300))
     future = groups[0].allreduce([torch.ones(4)], ASYNC).get_future()  # rank 1 never comes
-    holder, where, returned = [groups[0]], [], threading.Event()
+    holder = [groups[0]]  # the last reference to rank 0's group, let go of on its watchdog
     groups[0] = None
-
-    def let_go(_):
-        where.append(open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip())
-        holder.clear()  # the last reference to rank 0's group, on its watchdog's thread
-        returned.set()
-
+    let_go, where, returned = t.letting_go(holder)
     future.then(let_go)
     print("returned:", returned.wait(30), "on", where)
     try:
@@ -294,13 +300,14 @@ def test_a_group_shut_down_in_its_ops_callback_and_elsewhere_at_once_ends():
 
 
 EXIT_RIGHT_AFTER_LETTING_GO_IN_A_CALLBACK = """
-    import threading, torch
+    import torch
     from datetime import timedelta
     groups = t.two_host_groups(timedelta(seconds=300))
     future = groups[0].allreduce([torch.ones(4)], ASYNC).get_future()
-    holder, returned = [groups[0]], threading.Event()
+    holder = [groups[0]]
     groups[0] = None
-    future.then(lambda _: (holder.clear(), returned.set()))
+    let_go, _, returned = t.letting_go(holder)
+    future.then(let_go)
     groups[1].allreduce([torch.ones(4)], ASYNC).wait()
     print("returned:", returned.wait(30))
     # The interpreter exits at once: its exit waits for the teardown running apart.
