@@ -100,8 +100,8 @@ void ProcessGroup::retireCompletedOfAll() {
 }
 
 void ProcessGroup::shutdown() {
-  shutDown_.store(true, std::memory_order_release);  // later calls raise, from here on
-  if (closeStarted_.exchange(true)) {
+  // Later calls raise from here on; the first caller to say so closes the group.
+  if (shutDown_.exchange(true, std::memory_order_acq_rel)) {
     // Another call is closing the group. On one of the group's threads, waiting for it could
     // be waiting for ourselves (it waits for the op whose callback this is): return at once,
     // as a teardown run apart does.

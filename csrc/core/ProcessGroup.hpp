@@ -315,14 +315,13 @@ class ProcessGroup final : public c10d::Backend {
   std::optional<c10::Device> lastAcceleratorDevice_;
 
   std::atomic<uint64_t> seq_{0};
-  // shutdown(): the first call closes the group; the others wait until close() has returned
-  // (except on a group thread, see shutdown()).
-  std::atomic<bool> closeStarted_{false};
+  // shutdown(): set by the first call, which closes the group (later ops raise); the others
+  // wait until close() has returned (except on a group thread, see shutdown()).
+  std::atomic<bool> shutDown_{false};
   std::mutex closedMutex_;
   std::condition_variable closedChanged_;
   bool closeReturned_ = false;
   bool apartReserved_ = false;  // the destructor counted a teardown apart ahead (see there)
-  std::atomic<bool> shutDown_{false};
   // Coalescing is per calling thread's program order, like every op of a group.
   std::optional<Coalesced> coalescing_;
 
