@@ -89,6 +89,20 @@ def test_all_to_all_single(rank_pools, world_size, mode, splits_kind):
     rank_pools(world_size).run(_all_to_all_single, mode, splits_kind)
 
 
+def _all_to_all_single_in_place(ctx, mode):
+    # One tensor as input and output: every block is sent before this rank's is overwritten.
+    n, me = ctx.world_size, ctx.rank
+    x = torch.tensor([100 * me + 10 * d + i for d in range(n) for i in range(2)]).double()
+    run_op(lambda a: dist.all_to_all_single(x, x, async_op=a), mode)
+    assert x.tolist() == [100 * s + 10 * me + i for s in range(n) for i in range(2)]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_all_to_all_single_in_place(rank_pools, world_size, mode):
+    rank_pools(world_size).run(_all_to_all_single_in_place, mode)
+
+
 def _all_to_all_list(ctx, mode):
     n, me = ctx.world_size, ctx.rank
     inputs = [torch.full((d + 1,), float(10 * me + d)) for d in range(n)]

@@ -9,6 +9,7 @@
 #include "core/ProcessGroup.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/irange.h>
 
 namespace streamnccl {
@@ -235,6 +236,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   const at::Tensor output = outputTensor;
   const auto inOffsets = offsetsOf(inSplits);
   const auto outOffsets = offsetsOf(outSplits);
+  // The exchange reads the input while it writes the output: an output over the input's memory
+  // (all_to_all_single(x, x)) is received into a buffer of its own, then copied back.
+  const bool outputOverInput = at::get_overlap_status(input, output) != at::MemOverlapStatus::No;
+  auto outputBuffer = [output, outputOverInput](Kernels& kernels) {
+    return outputOverInput ? at::empty(output.sizes(), output.options())
+                           : kernels.contiguous(output);
+  };
   auto scratch = lowering::makeScratch(2);
   auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
     return bytes.narrow(0, row * rowBytes, rows * rowBytes);
@@ -253,7 +261,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
     return submit(std::move(launch), path,
                   {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                      (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
-                     (*scratch)[1] = kernels.contiguous(output);
+                     (*scratch)[1] = outputBuffer(kernels);
                      comm.allToAll((*scratch)[0], lowering::bytes((*scratch)[1]), inBytes, outBytes,
                                    stream);
                    },
@@ -262,7 +270,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   return submit(std::move(launch), path,
                 {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                    (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
-                   (*scratch)[1] = kernels.contiguous(output);
+                   (*scratch)[1] = outputBuffer(kernels);
                    const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
                    CommunicatorGroup group(comm);
                    for (const auto r : c10::irange(size)) {
