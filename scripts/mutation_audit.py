@@ -36,6 +36,7 @@ BEHAVIOUR = [
     "tests/test_ordering_sim.py",
     "tests/test_faults.py",
     "tests/test_inflight_writes.py",
+    "tests/test_nccl_all_to_all.py",
 ]
 CALL_LOGS = ["tests/test_cuda_call_sequences.py"]
 
@@ -204,6 +205,14 @@ MUTANTS = [
     Mutant("inflight-own-writes-blamed", "an op's own kernels are not credited: false alarms",
            "csrc/core/Kernels.cpp",
            [("  if (ownWrites_ == nullptr) {", "  if (true) {")]),
+    # --- all_to_all_single: ncclAlltoAll (NCCL 2.28+)
+    Mutant("all-to-all-in-place", "all_to_all_single(x, x) hands NCCL one buffer as both",
+           "csrc/core/PointToPoint.cpp",
+           [("  const bool outputOverInput = at::get_overlap_status(input, output) != "
+             "at::MemOverlapStatus::No;", "  const bool outputOverInput = false;")]),
+    Mutant("all-to-all-any-nccl", "ncclAlltoAll is called on an NCCL without it",
+           "csrc/cuda/NcclCommunicator.cpp",
+           [("version >= NCCL_VERSION(2, 28, 0);", "version >= 0;")]),
 ]  # fmt: skip
 
 

@@ -315,6 +315,27 @@ OPS = [
         ["ncclGroupStart()", "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})", "ncclGroupEnd()"],
     ),
     (
+        "all_to_all_single without splits: one ncclAlltoAll (NCCL 2.28+)",
+        lambda pg, a: pg.alltoall_base(
+            torch.empty(3, 2), torch.ones(3, 2), [], [], options(AllToAllOptions, a)
+        ),
+        ["ncclAlltoAll(count=8, ncclUint8, C0, {s})"],
+    ),
+    (
+        "all_to_all_single with equal splits given: sends and recvs, as every rank may not",
+        lambda pg, a: pg.alltoall_base(
+            torch.empty(3, 2), torch.ones(3, 2), [1, 1, 1], [1, 1, 1], options(AllToAllOptions, a)
+        ),
+        [
+            "ncclGroupStart()",
+            "ncclSend(count=8, ncclUint8, peer=1, C0, {s})",
+            "ncclRecv(count=8, ncclUint8, peer=1, C0, {s})",
+            "ncclSend(count=8, ncclUint8, peer=2, C0, {s})",
+            "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})",
+            "ncclGroupEnd()",
+        ],
+    ),
+    (
         "all_to_all_single uneven, empty blocks skipped",
         # Rows of 8 bytes; sends [1, 0, 2] rows, receives [1, 3, 0] rows.
         lambda pg, a: pg.alltoall_base(

@@ -64,13 +64,15 @@ class Communicator {
   // `input` holds size() * output.numel() elements; rank r receives the reduction of chunk r.
   virtual void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                              c10::Stream stream) = 0;
-  // Whether allToAll() is there: one exchange that the communicator's library does itself.
-  // Where it is not (NCCL has no call for it), the core lowers all_to_all to a group of sends
-  // and recvs.
-  virtual bool hasAllToAll() const { return false; }
+  // Which all-to-all the communicator's library does itself, as one exchange: none (NCCL
+  // before 2.28), one of equal blocks only (ncclAlltoAll), or one of any blocks (Gloo). Where
+  // the op's blocks are not of that kind, the core lowers all_to_all to a group of sends and
+  // recvs.
+  enum class AllToAll { None, EqualBlocks, AnyBlocks };
+  virtual AllToAll allToAllKind() const { return AllToAll::None; }
   // `input` and `output` are bytes: block r of `input`, inSplits[r] bytes in rank order, goes
   // to rank r, and block r of `output`, outSplits[r] bytes, comes from rank r, this rank's own
-  // block included.
+  // block included. Every split equal where allToAllKind() is EqualBlocks.
   virtual void allToAll(const at::Tensor& /*input*/, const at::Tensor& /*output*/,
                         const std::vector<int64_t>& /*inSplits*/,
                         const std::vector<int64_t>& /*outSplits*/, c10::Stream /*stream*/) {

@@ -152,7 +152,7 @@ class UnversionedCommunicator final : public Communicator {
               c10::Stream stream) override;
   void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
-  bool hasAllToAll() const override { return wrapped_.hasAllToAll(); }
+  AllToAll allToAllKind() const override { return wrapped_.allToAllKind(); }
   void allToAll(const at::Tensor& input, const at::Tensor& output,
                 const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits,
                 c10::Stream stream) override;

@@ -1,5 +1,6 @@
 // send/recv, and the ops NCCL has no call for, lowered to one communicator group of sends and
-// recvs: gather, scatter, alltoall (one call where the communicator has its own, as Gloo does).
+// recvs: gather, scatter, alltoall (one call where the communicator has its own: Gloo's, and
+// NCCL 2.28's for equal blocks).
 // Data moves as bytes, so every dtype moves on every path.
 // Temporaries made in `issue` are kept in the op's Scratch until the task ends (Lowering.hpp).
 
@@ -251,7 +252,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
                 opts.timeout};
   launch.inputSplitSizes = inputSplitSizes;
   launch.outputSplitSizes = outputSplitSizes;
-  if (path.communicator->hasAllToAll()) {
+  // NCCL's all-to-all of equal blocks meets only the same call on the other ranks, so it is
+  // taken when no splits were given, the same on every rank (as torch's nccl backend does),
+  // not when this rank's splits happen to come out equal.
+  const auto ownAllToAll = path.communicator->allToAllKind();
+  const bool splitsGiven = !inputSplitSizes.empty() || !outputSplitSizes.empty();
+  if (ownAllToAll == Communicator::AllToAll::AnyBlocks ||
+      (ownAllToAll == Communicator::AllToAll::EqualBlocks && !splitsGiven)) {
     std::vector<int64_t> inBytes(size);
     std::vector<int64_t> outBytes(size);
     for (const auto r : c10::irange(size)) {

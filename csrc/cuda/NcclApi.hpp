@@ -64,6 +64,10 @@ class NcclApi {
   virtual ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                      cudaStream_t stream) = 0;
+  // NCCL 2.28+, looked up at run time as commShrink is: block r (`count` elements) of
+  // `sendbuff` goes to rank r, and block r of `recvbuff` comes from rank r; not in place.
+  virtual ncclResult_t allToAll(const void* sendbuff, void* recvbuff, size_t count,
+                                ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                             ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t recv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,

@@ -14,6 +14,12 @@
 namespace streamnccl {
 namespace {
 
+// ncclAlltoAll came with NCCL 2.28; the library looks it up at run time (NcclLibrary.cpp).
+bool loadedHasAllToAll(NcclApi& nccl) {
+  int version = 0;
+  return nccl.getVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 28, 0);
+}
+
 std::optional<ncclDataType_t> ncclTypeOf(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:
@@ -134,6 +140,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       key_(membership.idKey),
       config_(std::move(config)),
       name_(membership.name),
+      allToAllLoaded_(loadedHasAllToAll(*nccl_)),
       connection_(NcclConnection::open(NcclConnection::Settings{
           nccl_, cuda_, std::move(store), device,
           members_.empty() ? groupSize : static_cast<int>(members_.size()), commRank(groupRank),
@@ -154,6 +161,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       key_(std::move(key)),
       config_(std::move(config)),
       name_(std::move(name)),
+      allToAllLoaded_(loadedHasAllToAll(*nccl_)),
       connection_(std::move(connection)) {}
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(
@@ -299,6 +307,21 @@ void NcclCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& 
   use.check("ncclReduceScatter",
             nccl_->reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
                                  redOp.get(), use.comm(), cuda_->native(stream)));
+}
+
+void NcclCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
+                                const std::vector<int64_t>& inSplits,
+                                const std::vector<int64_t>& outSplits, c10::Stream stream) {
+  const int64_t block = inSplits.front();
+  TORCH_INTERNAL_ASSERT(allToAllKind() == AllToAll::EqualBlocks &&
+                            std::all_of(inSplits.begin(), inSplits.end(),
+                                        [block](int64_t split) { return split == block; }) &&
+                            inSplits == outSplits,
+                        "streamnccl: ncclAlltoAll takes equal blocks only");
+  auto use = connection_->use("ncclAlltoAll");
+  use.check("ncclAlltoAll",
+            nccl_->allToAll(input.data_ptr(), output.data_ptr(), block,
+                            ncclType(input.scalar_type()), use.comm(), cuda_->native(stream)));
 }
 
 void NcclCommunicator::send(const at::Tensor& input, int peer, c10::Stream stream) {

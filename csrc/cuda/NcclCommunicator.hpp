@@ -91,6 +91,13 @@ class NcclCommunicator final : public Communicator {
               c10::Stream stream) override;
   void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
+  // ncclAlltoAll (NCCL 2.28+), on a communicator whose ranks are the group's.
+  AllToAll allToAllKind() const override {
+    return members_.empty() && allToAllLoaded_ ? AllToAll::EqualBlocks : AllToAll::None;
+  }
+  void allToAll(const at::Tensor& input, const at::Tensor& output,
+                const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits,
+                c10::Stream stream) override;
   void send(const at::Tensor& input, int peer, c10::Stream stream) override;
   void recv(const at::Tensor& output, int peer, c10::Stream stream) override;
   void groupStart() override;
@@ -130,6 +137,7 @@ class NcclCommunicator final : public Communicator {
   const std::string key_;             // the unique id's Store key, the same on every member
   const Options::NcclConfig config_;  // what it was made with, and a shrunk one is
   const std::string name_;            // NCCL's name for it
+  const bool allToAllLoaded_;         // the NCCL loaded has ncclAlltoAll
   const std::shared_ptr<NcclConnection> connection_;
   int groupDepth_ = 0;  // touched by the one task issuing on this communicator at a time
 };

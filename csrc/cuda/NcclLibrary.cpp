@@ -73,6 +73,17 @@ class NcclLibrary final : public NcclApi {
                              cudaStream_t stream) override {
     return ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
   }
+  ncclResult_t allToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclComm_t comm, cudaStream_t stream) override {
+    // Looked up, not linked, as ncclCommShrink: NCCL before 2.28 has none.
+    using AllToAll =
+        ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    static const auto allToAll = reinterpret_cast<AllToAll>(ncclSymbol("ncclAlltoAll"));
+    if (allToAll == nullptr) {
+      return ncclInvalidUsage;  // the caller checked the version first
+    }
+    return allToAll(sendbuff, recvbuff, count, datatype, comm, stream);
+  }
   ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                     ncclComm_t comm, cudaStream_t stream) override {
     return ncclSend(sendbuff, count, datatype, peer, comm, stream);

@@ -170,6 +170,25 @@ void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
       }
       break;
     }
+    case NcclOp::Kind::AllToAll: {
+      // Rank r's block q comes from rank q's block r. Every input is read before any output
+      // is written, as if the ranks' buffers were apart (an overlap is refused at the call).
+      std::vector<at::Tensor> wholes;
+      for (const auto q : c10::irange(n)) {
+        wholes.push_back(viewOf(ops[q]->send, n * first.count, first.type).clone());
+      }
+      for (const auto r : c10::irange(n)) {
+        if (!writes(r)) {
+          continue;
+        }
+        std::vector<at::Tensor> blocks;
+        for (const auto& whole : wholes) {
+          blocks.push_back(whole.narrow(0, r * first.count, first.count));
+        }
+        write(*ops[r], n * first.count, at::cat(blocks));
+      }
+      break;
+    }
     case NcclOp::Kind::Send:
     case NcclOp::Kind::Recv:
       TORCH_INTERNAL_ASSERT(false, "streamnccl fake: a message is not a collective");

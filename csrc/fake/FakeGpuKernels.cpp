@@ -80,8 +80,8 @@ void FakeGpu::launchNccl(StreamId streamId, std::shared_ptr<NcclLaunch> launch,
   std::string names;
   for (const NcclOp& op : launch->ops) {
     static const char* const kNames[] = {"ncclAllReduce", "ncclBroadcast",     "ncclReduce",
-                                         "ncclAllGather", "ncclReduceScatter", "ncclSend",
-                                         "ncclRecv"};
+                                         "ncclAllGather", "ncclReduceScatter", "ncclAlltoAll",
+                                         "ncclSend",      "ncclRecv"};
     names += (names.empty() ? "" : "+") + std::string(kNames[static_cast<int>(op.kind)]);
   }
   checkAlive(streamId, names);

@@ -44,11 +44,11 @@ struct TensorView {
 
 // One NCCL operation of a kernel.
 struct NcclOp {
-  enum class Kind { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Send, Recv };
+  enum class Kind { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Send, Recv };
   Kind kind = Kind::AllReduce;
   const void* send = nullptr;
   void* recv = nullptr;
-  size_t count = 0;  // allGather: per rank; reduceScatter: per rank (the recv count)
+  size_t count = 0;  // allGather, allToAll: per rank; reduceScatter: per rank (the recv count)
   ncclDataType_t type = ncclFloat32;
   ncclRedOp_t op = ncclSum;
   int root = 0;  // broadcast, reduce; the peer of a send or recv

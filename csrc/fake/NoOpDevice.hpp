@@ -92,6 +92,10 @@ class NoOpNccl final : public NcclApi {
                              cudaStream_t) override {
     return ncclSuccess;
   }
+  ncclResult_t allToAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                        cudaStream_t) override {
+    return ncclSuccess;
+  }
   ncclResult_t send(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) override {
     return ncclSuccess;
   }

@@ -223,13 +223,23 @@ std::string scalarText(const void* scalar, ncclDataType_t type, ncclScalarReside
 int RecordingNccl::groupDepthOfThread() { return groupDepth; }
 
 void RecordingNccl::checkExtents(const char* function, const Comm& comm, NcclOp& op) {
+  const size_t each = op.count * sizeOf(op.type);
+  const size_t all = each * static_cast<size_t>(comm.nranks);
+  const bool allToAll = op.kind == NcclOp::Kind::AllToAll;
+  if (allToAll && all > 0) {
+    // NCCL reads one whole buffer while it writes the other: it has no in-place all-to-all.
+    const auto send = reinterpret_cast<uintptr_t>(op.send);
+    const auto recv = reinterpret_cast<uintptr_t>(op.recv);
+    if (send < recv + all && recv < send + all) {
+      gpu_->log().violation(std::string(function) +
+                            "'s recv buffer overlaps its send buffer (NCCL has no in-place form)");
+    }
+  }
   if (!gpu_->models().memory) {
     return;
   }
-  const size_t each = op.count * sizeOf(op.type);
-  const size_t all = each * static_cast<size_t>(comm.nranks);
-  const size_t sendBytes = op.kind == NcclOp::Kind::ReduceScatter ? all : each;
-  const size_t recvBytes = op.kind == NcclOp::Kind::AllGather ? all : each;
+  const size_t sendBytes = op.kind == NcclOp::Kind::ReduceScatter || allToAll ? all : each;
+  const size_t recvBytes = op.kind == NcclOp::Kind::AllGather || allToAll ? all : each;
   auto check = [&](const void* pointer, size_t bytes, const char* role) {
     if (pointer == nullptr || bytes == 0) {
       return;
@@ -849,6 +859,22 @@ ncclResult_t RecordingNccl::reduceScatter(const void* sendbuff, void* recvbuff, 
                    streamName(stream) + ")",
                comm, stream, {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
                opOf(NcclOp::Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op));
+}
+
+ncclResult_t RecordingNccl::allToAll(const void* sendbuff, void* recvbuff, size_t count,
+                                     ncclDataType_t datatype, ncclComm_t comm,
+                                     cudaStream_t stream) {
+  const std::string call = "ncclAlltoAll(count=" + std::to_string(count) + ", " +
+                           typeName(datatype) + ", " + commName(comm) + ", " + streamName(stream) +
+                           ")";
+  if (gpu_->ncclVersion() < NCCL_VERSION(2, 28, 0)) {
+    gpu_->log().violation(call + " with NCCL " + std::to_string(gpu_->ncclVersion()) +
+                          ", which has no ncclAlltoAll (2.28+)");
+    return ncclInvalidUsage;
+  }
+  return issue("ncclAlltoAll", call, comm, stream,
+               {gpu_->buffer(sendbuff, "send"), gpu_->buffer(recvbuff, "recv")},
+               opOf(NcclOp::Kind::AllToAll, sendbuff, recvbuff, count, datatype));
 }
 
 ncclResult_t RecordingNccl::send(const void* sendbuff, size_t count, ncclDataType_t datatype,

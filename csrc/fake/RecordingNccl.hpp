@@ -81,6 +81,10 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                              ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                              cudaStream_t stream) override;
+  // An NCCL older than 2.28 has no ncclAlltoAll; as NCCL's, it has no in-place form, so
+  // buffers that overlap are a violation.
+  ncclResult_t allToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                     ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t recv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,

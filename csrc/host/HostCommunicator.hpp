@@ -36,7 +36,7 @@ class HostCommunicator final : public Communicator {
   void reduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
                      c10::Stream stream) override;
   // Gloo's own all-to-all: one exchange, where sends and recvs would be one Gloo op each.
-  bool hasAllToAll() const override { return true; }
+  AllToAll allToAllKind() const override { return AllToAll::AnyBlocks; }
   void allToAll(const at::Tensor& input, const at::Tensor& output,
                 const std::vector<int64_t>& inSplits, const std::vector<int64_t>& outSplits,
                 c10::Stream stream) override;
