@@ -85,7 +85,7 @@ c10::intrusive_ptr<ProcessGroup> makeProcessGroup(const c10::intrusive_ptr<c10d:
                     std::make_unique<CudaPathFactory>(NcclApi::library(), CudaApi::runtime(), store,
                                                       rank, size, options));
 #endif
-  return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories), store);
+  return ProcessGroup::make(rank, size, options, std::move(factories), store);
 }
 
 // open_gloo, callable from any thread (it takes the GIL), and let go of without the GIL once
@@ -298,8 +298,7 @@ void bindRecording(py::module_& m) {
                                          std::make_shared<fake::RecordingNccl>(gpu, world),
                                          std::make_shared<fake::RecordingCuda>(gpu, c10::kCPU),
                                          store, rank, size, options));
-        auto group =
-            c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories), store);
+        auto group = ProcessGroup::make(rank, size, options, std::move(factories), store);
         return std::make_pair(NoGilDestructor<ProcessGroup>(group), gpu);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
@@ -325,7 +324,7 @@ void bindRecording(py::module_& m) {
                                          std::make_shared<fake::NoOpCuda>(c10::kCPU), store,
                                          /*rank=*/0, /*size=*/1, options));
         return NoGilDestructor<ProcessGroup>(
-            c10::make_intrusive<ProcessGroup>(0, 1, options, std::move(factories), store));
+            ProcessGroup::make(0, 1, options, std::move(factories), store));
       },
       py::arg("store"), py::arg("timeout"), py::arg("trace_buffer_size") = 0);
 }

@@ -317,3 +317,29 @@ EXIT_RIGHT_AFTER_LETTING_GO_IN_A_CALLBACK = """
 def test_the_exit_waits_for_a_teardown_running_apart():
     output = run_child(EXIT_RIGHT_AFTER_LETTING_GO_IN_A_CALLBACK)  # the child exits with 0
     assert "returned: True" in output, output
+
+
+EXIT_WHILE_THE_LAST_REFERENCE_IS_IN_A_CALLBACK = """
+    import threading, torch
+    from datetime import timedelta
+    # Rank 1 never joins rank 0's op: the exit's teardown of rank 0's group waits for it,
+    # and its failure, at the group's timeout, lets go of the group in its callback.
+    groups = t.two_host_groups(timedelta(seconds=2), gloo_timeout=timedelta(seconds=300))
+    future = groups[0].allreduce([torch.ones(4)], ASYNC).get_future()
+    holder = [groups[0]]
+    groups[0] = None
+
+    def let_go(_):
+        name = open(f"/proc/self/task/{threading.get_native_id()}/comm").read().strip()
+        holder.clear()
+        print("let go of on", name, flush=True)
+
+    future.then(let_go)
+    print("exiting", flush=True)
+"""
+
+
+def test_the_exit_ends_when_a_callback_lets_go_of_a_group_it_is_closing():
+    output = run_child(EXIT_WHILE_THE_LAST_REFERENCE_IS_IN_A_CALLBACK)  # the child exits with 0
+    assert "exiting" in output, output
+    assert "let go of on" in output, output

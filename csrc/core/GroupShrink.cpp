@@ -73,8 +73,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
   }
   const int newRank = static_cast<int>(std::find(survivors.begin(), survivors.end(), getRank()) -
                                        survivors.begin());
-  auto group = c10::make_intrusive<ProcessGroup>(newRank, static_cast<int>(survivors.size()),
-                                                 options, std::move(factories), store);
+  auto group = ProcessGroup::make(newRank, static_cast<int>(survivors.size()), options,
+                                  std::move(factories), store);
   std::vector<int> globalRanks;
   for (const int rank : survivors) {
     globalRanks.push_back(globalRanks_.at(rank));

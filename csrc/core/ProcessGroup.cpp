@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
-#include <unordered_set>
 #include <utility>
 
 namespace streamnccl {
@@ -30,13 +29,6 @@ void failSplit(const c10::intrusive_ptr<c10d::Store>& store, const std::string& 
   if (store) {
     store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
   }
-}
-
-// Every group alive in this process, for shutdownAll().
-std::mutex liveGroupsMutex;
-std::unordered_set<ProcessGroup*>& liveGroups() {
-  static auto* groups = new std::unordered_set<ProcessGroup*>();  // never destroyed: used at exit
-  return *groups;
 }
 
 std::atomic<int64_t> groupsMade{0};
@@ -71,30 +63,21 @@ ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Op
       uid_(groupsMade++) {
   globalRanks_.resize(size);
   std::iota(globalRanks_.begin(), globalRanks_.end(), 0);
-  std::lock_guard<std::mutex> lock(liveGroupsMutex);
-  liveGroups().insert(this);
 }
 
 void ProcessGroup::shutdownAll() {
-  {
-    std::lock_guard<std::mutex> lock(liveGroupsMutex);  // a group's destructor waits meanwhile
-    // In the order the groups were made, which every rank shares: closing a group's
-    // communicators meets the other ranks' closing of theirs.
-    std::vector<ProcessGroup*> groups(liveGroups().begin(), liveGroups().end());
-    std::sort(groups.begin(), groups.end(),
-              [](const ProcessGroup* a, const ProcessGroup* b) { return a->uid_ < b->uid_; });
-    for (ProcessGroup* group : groups) {
-      group->shutdown();
-    }
+  // Each in the order the groups were made, which every rank shares: closing a group's
+  // communicators meets the other ranks' closing of theirs. Held here meanwhile: a group let
+  // go of in an op's callback during its flush is torn down once this lets go of it too.
+  for (const auto& group : groupRegistry::alive(/*afterTheDying=*/true)) {
+    group->shutdown();
   }
-  // And the groups let go of on their own threads, whose teardown runs apart (without the
-  // lock: what such a teardown lets go of may destroy a group).
+  // And the groups let go of on their own threads, whose teardown runs apart.
   waitForTeardownsApart();
 }
 
 void ProcessGroup::retireCompletedOfAll() {
-  std::lock_guard<std::mutex> lock(liveGroupsMutex);
-  for (ProcessGroup* group : liveGroups()) {
+  for (const auto& group : groupRegistry::alive()) {
     group->watchdog_->releaseCompleted();
   }
 }
@@ -122,21 +105,21 @@ void ProcessGroup::shutdown() {
   close();
 }
 
-ProcessGroup::~ProcessGroup() {
+void ProcessGroup::letGo() {
+  if (std::exchange(letGo_, true)) {
+    return;  // release_resources() ran, and this is the destructor
+  }
   // On a group thread the teardown goes apart: counted as such before the group leaves the
-  // live groups, so that shutdownAll() at exit, which no longer sees it there, waits for it.
+  // registry, so that the exit, once it no longer sees the group there, waits for it.
   apartReserved_ = onGroupThread();
   if (apartReserved_) {
     reserveTeardownApart();
-  }
-  {
-    std::lock_guard<std::mutex> lock(liveGroupsMutex);
-    liveGroups().erase(this);
   }
   shutdown();
   if (apartReserved_) {
     unreserveTeardownApart();  // not used: the group was being closed already
   }
+  groupRegistry::remove(this);
 }
 
 void ProcessGroup::close() {
@@ -298,9 +281,9 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::splitAs(
     }
   }
   // The subgroup's debug checks meet through its own store.
-  auto group = c10::make_intrusive<ProcessGroup>(static_cast<int>(me - ranks.begin()),
-                                                 static_cast<int>(ranks.size()), options,
-                                                 std::move(factories), ours);
+  auto group =
+      ProcessGroup::make(static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                         options, std::move(factories), ours);
   std::vector<int> globalRanks;
   for (const int rank : ranks) {
     globalRanks.push_back(globalRanks_.at(rank));

@@ -2,6 +2,7 @@
 
 #include "core/FlightRecorder.hpp"
 #include "core/GroupHealth.hpp"
+#include "core/GroupRegistry.hpp"
 #include "core/GroupStats.hpp"
 #include "core/InflightWrites.hpp"
 #include "core/Kernels.hpp"
@@ -37,7 +38,18 @@ class ProcessGroup final : public c10d::Backend {
   // `store`: where the debug checks meet (Options::debugChecks); may be null without them.
   ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
                PathFactories factories, c10::intrusive_ptr<c10d::Store> store = nullptr);
-  ~ProcessGroup() override;
+  // A group made as the constructor does, and known to the process's registry
+  // (GroupRegistry.hpp), which shuts it down at exit if it is still alive then.
+  template <typename... Args>
+  static c10::intrusive_ptr<ProcessGroup> make(Args&&... args) {
+    auto group = c10::make_intrusive<ProcessGroup>(std::forward<Args>(args)...);
+    groupRegistry::add(group, group->uid_);
+    return group;
+  }
+  // The last reference went: the group is shut down (see letGo()). The registry's weak
+  // reference keeps the object itself until then.
+  void release_resources() override { letGo(); }
+  ~ProcessGroup() override { letGo(); }  // a group the registry never knew
 
   const std::string getBackendName() const override { return kBackendName; }
   // A copy: torch writes a subgroup's name and timeout into the options it asks for here.
@@ -237,6 +249,10 @@ class ProcessGroup final : public c10d::Backend {
   void refuseIfBroken(const char* op) const;
   // shutdown()'s work, run once (see shutdown()).
   void close();
+  // The teardown once the last reference went (release_resources(), or the destructor of a
+  // group never registered), then the group leaves the registry: after it, so that the exit,
+  // which waits for the groups dying meanwhile, also waits for a teardown this hands off.
+  void letGo();
   // Runs a factory's opening of a path for `op`: a reason the device cannot be used becomes a
   // bad argument, a fault while connecting breaks the group. Each communicator opened is
   // watched (and aborted with the group) from the moment it exists.
@@ -321,7 +337,8 @@ class ProcessGroup final : public c10d::Backend {
   std::mutex closedMutex_;
   std::condition_variable closedChanged_;
   bool closeReturned_ = false;
-  bool apartReserved_ = false;  // the destructor counted a teardown apart ahead (see there)
+  bool letGo_ = false;          // letGo() ran: the last reference went, on one thread
+  bool apartReserved_ = false;  // letGo() counted a teardown apart ahead (see there)
   // Coalescing is per calling thread's program order, like every op of a group.
   std::optional<Coalesced> coalescing_;
 

@@ -21,7 +21,7 @@ c10::intrusive_ptr<ProcessGroup> SimController::processGroup(
   ProcessGroup::PathFactories factories;
   factories.emplace(c10::kCPU, std::make_unique<SimPathFactory>(streams_, std::move(gloo),
                                                                 settings_.dropDependencies));
-  return c10::make_intrusive<ProcessGroup>(rank, size, options, std::move(factories));
+  return ProcessGroup::make(rank, size, options, std::move(factories));
 }
 
 void SimController::write(const at::Tensor& destination, const at::Tensor& value) {
