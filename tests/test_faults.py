@@ -213,6 +213,18 @@ def _mismatched_collectives(ctx):
     with pytest.raises(dist.DistBackendError, match=r"issued allreduce \(\[\d\], Float\) but"):
         dist.all_reduce(torch.ones(4 + me), group=group)  # shapes differ
     dist.destroy_process_group(group)
+
+    # Split sizes given on one rank only: equal blocks either way, but on NCCL one rank would
+    # call ncclAlltoAll and the other send and receive.
+    group = dist.new_group(backend="streamnccl", pg_options=streamnccl.Options(debug_checks=True))
+    with pytest.raises(
+        dist.DistBackendError,
+        match=r"no split sizes\) but rank \d issued .*"
+        r"split sizes given|split sizes given\) but rank \d issued .*no split",
+    ):
+        splits = [2, 2] if me == 0 else None
+        dist.all_to_all_single(torch.empty(4), torch.ones(4), splits, splits, group=group)
+    dist.destroy_process_group(group)
     return True
 
 

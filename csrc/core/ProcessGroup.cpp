@@ -545,7 +545,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   }
 
   if (options_->useDebugChecks()) {
-    checkSameOpOnEveryRank(*info, launch.opType);
+    checkSameOpOnEveryRank(*info, launch);
   }
   injectTestFault(*info, steps);
 
@@ -653,8 +653,9 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   return work;
 }
 
-void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opType) {
+void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, const Launch& launch) {
   using c10d::OpType;
+  const OpType opType = launch.opType;
   // Point-to-point ops, alone or batched, involve only some ranks: nothing to match.
   if (opType == OpType::SEND || opType == OpType::RECV || opType == OpType::COALESCED) {
     return;
@@ -668,7 +669,13 @@ void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opTyp
   if (shapesMatch) {
     mine << "[" << c10::Join(", ", info.shape) << "], ";
   }
-  mine << c10::toString(info.dtype) << ")";
+  mine << c10::toString(info.dtype);
+  if (opType == OpType::ALLTOALL_BASE) {
+    // Without them NCCL's path may take ncclAlltoAll, which meets only itself (PointToPoint.cpp).
+    const bool given = !launch.inputSplitSizes.empty() || !launch.outputSplitSizes.empty();
+    mine << (given ? ", split sizes given" : ", no split sizes");
+  }
+  mine << ")";
   const std::string prefix = "streamnccl/debug/" + std::to_string(++checkedCollectives_) + "/";
   const std::string text = mine.str();
   store_->set(prefix + std::to_string(getRank()), std::vector<uint8_t>(text.begin(), text.end()));

@@ -281,7 +281,7 @@ class ProcessGroup final : public c10d::Backend {
   const std::shared_ptr<const RecordedGroup>& recordedGroup();
   // Options::debugChecks: raises (and breaks the group) unless every rank issues this same
   // collective, with the same shape where the op needs one.
-  void checkSameOpOnEveryRank(const OpInfo& info, c10d::OpType opType);
+  void checkSameOpOnEveryRank(const OpInfo& info, const Launch& launch);
   // Test-only (Options::testFault): makes this op fail or start late on the chosen rank.
   void injectTestFault(const OpInfo& info, Steps& steps) const;
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
