@@ -466,7 +466,7 @@ PYBIND11_MODULE(_C, m) {
       [] {
         std::string dump;
         {
-          // Without the GIL: a group shutting down holds the groups' lock and may need it.
+          // Without the GIL: letting go of a retired op's tensors may need it.
           py::gil_scoped_release noGil;
           ProcessGroup::retireCompletedOfAll();
           dump = FlightRecorder::instance().dump();

@@ -213,7 +213,8 @@ MUTANTS = [
              "at::MemOverlapStatus::No;", "  const bool outputOverInput = false;")]),
     Mutant("all-to-all-any-nccl", "ncclAlltoAll is called on an NCCL without it",
            "csrc/cuda/NcclCommunicator.cpp",
-           [("version >= NCCL_VERSION(2, 28, 0);", "version >= 0;")]),
+           [("      allToAllLoaded_(nccl_->hasAllToAll()),\n      connection_(NcclConnection::open(",
+             "      allToAllLoaded_(true),\n      connection_(NcclConnection::open(")]),
 ]  # fmt: skip
 
 

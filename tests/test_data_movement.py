@@ -118,6 +118,20 @@ def test_all_to_all_list(rank_pools, world_size, mode):
     rank_pools(world_size).run(_all_to_all_list, mode)
 
 
+def _all_to_all_list_in_place(ctx, mode):
+    # One list as inputs and outputs: every block is sent before this rank's is overwritten.
+    n, me = ctx.world_size, ctx.rank
+    blocks = [torch.full((3,), float(10 * me + d)) for d in range(n)]
+    run_op(lambda a: dist.all_to_all(blocks, blocks, async_op=a), mode)
+    assert [b.tolist() for b in blocks] == [[float(10 * s + me)] * 3 for s in range(n)]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_all_to_all_list_in_place(rank_pools, world_size, mode):
+    rank_pools(world_size).run(_all_to_all_list_in_place, mode)
+
+
 def _coalesced_inputs(rank):
     """Rank `rank`'s inputs of all_gather_coalesced: shapes differ, one is empty, one complex."""
     g = torch.Generator().manual_seed(7919 * (rank + 1))

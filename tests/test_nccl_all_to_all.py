@@ -9,7 +9,7 @@ import pytest
 import torch
 from fakes import connect, fake_ranks, needs_nccl_path, opts, run_ranks
 from streamnccl import _C
-from torch._C._distributed_c10d import AllToAllOptions
+from torch._C._distributed_c10d import AllreduceOptions, AllToAllOptions
 
 pytestmark = needs_nccl_path
 
@@ -70,3 +70,37 @@ def test_every_rank_gets_its_blocks(nccl_version, splits, expected_call, in_plac
     for _, gpu in groups:
         # Among them: ncclAlltoAll handed buffers that overlap (NCCL has no in-place form).
         assert gpu.violations() == []
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_the_list_form_in_place_gets_every_block(async_op):
+    # all_to_all(xs, xs): each recv lands in a buffer of its own, copied back after the group.
+    groups = connect(fake_ranks(SIZE))
+
+    def exchange(rank, pg, gpu):
+        blocks = [torch.full((ROWS,), float(10 * rank + d)) for d in range(SIZE)]
+        pg.alltoall(blocks, blocks, opts(AllToAllOptions, async_op)).wait()
+        assert gpu.synchronize()
+        return [b.tolist() for b in blocks]
+
+    for rank, blocks in enumerate(run_ranks(groups, exchange)):
+        assert blocks == [[float(10 * s + rank)] * ROWS for s in range(SIZE)]
+    fakes.shut_down(groups)
+    for _, gpu in groups:
+        assert gpu.violations() == []
+
+
+def test_ranks_that_disagree_on_a_collectives_count_are_a_violation():
+    # As NCCL, which would hang or move garbage; the fake moves nothing rather than read past
+    # the smaller member's buffer.
+    groups = connect(fake_ranks(2))
+
+    def mismatch(rank, pg, gpu):
+        x = torch.full((4 + rank,), 1.0)
+        pg.allreduce([x], opts(AllreduceOptions)).wait()
+        assert gpu.synchronize()
+        return x.tolist()
+
+    assert run_ranks(groups, mismatch) == [[1.0] * 4, [1.0] * 5]
+    fakes.shut_down(groups)
+    assert any("different collectives" in v for v in groups[0][1].violations())

@@ -1,6 +1,7 @@
 #include "core/GroupRegistry.hpp"
 
 #include "core/ProcessGroup.hpp"
+#include "core/Watchdog.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -13,50 +14,54 @@ namespace {
 struct Entry {
   int64_t uid = 0;
   c10::weak_intrusive_ptr<ProcessGroup> group;
+  std::weak_ptr<Watchdog> watchdog;
 };
 
-std::mutex mutex;
-std::condition_variable removed;
-std::vector<Entry>& entries() {
-  static auto* made = new std::vector<Entry>();  // never destroyed: used at exit
+// Never destroyed: a group whose last reference torch's own registry drops during the
+// process's static destruction still leaves this one.
+struct Registry {
+  std::mutex mutex;
+  std::condition_variable removed;
+  std::vector<Entry> entries;
+};
+Registry& registry() {
+  static auto* made = new Registry();
   return *made;
 }
 
 }  // namespace
 
-void add(const c10::intrusive_ptr<ProcessGroup>& group, int64_t uid) {
-  std::lock_guard<std::mutex> lock(mutex);
-  entries().push_back(Entry{uid, c10::weak_intrusive_ptr<ProcessGroup>(group)});
+void add(const c10::intrusive_ptr<ProcessGroup>& group, int64_t uid,
+         const std::shared_ptr<Watchdog>& watchdog) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.entries.push_back(Entry{uid, c10::weak_intrusive_ptr<ProcessGroup>(group), watchdog});
 }
 
 void remove(const ProcessGroup* group) {
+  Registry& r = registry();
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto& all = entries();
-    all.erase(std::remove_if(all.begin(), all.end(),
-                             [group](const Entry& entry) {
-                               return entry.group._unsafe_get_target() == group;
-                             }),
-              all.end());
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.entries.erase(std::remove_if(r.entries.begin(), r.entries.end(),
+                                   [group](const Entry& entry) {
+                                     return entry.group._unsafe_get_target() == group;
+                                   }),
+                    r.entries.end());
   }
-  removed.notify_all();
+  r.removed.notify_all();
 }
 
-std::vector<c10::intrusive_ptr<ProcessGroup>> alive(bool afterTheDying) {
-  std::unique_lock<std::mutex> lock(mutex);
-  if (afterTheDying) {
-    removed.wait(lock, [] {
-      return std::none_of(entries().begin(), entries().end(),
-                          [](const Entry& entry) { return entry.group.expired(); });
-    });
-  }
+std::vector<c10::intrusive_ptr<ProcessGroup>> alive() {
+  Registry& r = registry();
   std::vector<std::pair<int64_t, c10::intrusive_ptr<ProcessGroup>>> found;
-  for (const Entry& entry : entries()) {
-    if (auto group = entry.group.lock()) {
-      found.emplace_back(entry.uid, std::move(group));
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const Entry& entry : r.entries) {
+      if (auto group = entry.group.lock()) {
+        found.emplace_back(entry.uid, std::move(group));
+      }
     }
   }
-  lock.unlock();
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<c10::intrusive_ptr<ProcessGroup>> groups;
@@ -65,6 +70,27 @@ std::vector<c10::intrusive_ptr<ProcessGroup>> alive(bool afterTheDying) {
     groups.push_back(std::move(group));
   }
   return groups;
+}
+
+void waitForTheDying() {
+  Registry& r = registry();
+  std::unique_lock<std::mutex> lock(r.mutex);
+  r.removed.wait(lock, [&r] {
+    return std::none_of(r.entries.begin(), r.entries.end(),
+                        [](const Entry& entry) { return entry.group.expired(); });
+  });
+}
+
+std::vector<std::shared_ptr<Watchdog>> watchdogs() {
+  Registry& r = registry();
+  std::vector<std::shared_ptr<Watchdog>> found;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const Entry& entry : r.entries) {
+    if (auto watchdog = entry.watchdog.lock()) {
+      found.push_back(std::move(watchdog));
+    }
+  }
+  return found;
 }
 
 }  // namespace streamnccl::groupRegistry

@@ -1,30 +1,37 @@
 #pragma once
 
 // Every group made in this process, held weakly: what the process's exit shuts down
-// (ProcessGroup::shutdownAll) and what a dump of the flight recorder asks to count ended ops
-// as ended. Weakly, so that walking it keeps each group alive by a reference of its own: a
-// group whose last other reference goes meanwhile (in an op's callback, on one of its own
-// threads) is torn down after the walk, and never waits for the walker, which may be waiting
-// for that very callback.
+// (ProcessGroup::shutdownAll) and whose watchdogs a dump of the flight recorder asks to count
+// ended ops as ended. Weakly, so that the exit walks it with references of its own: a group
+// whose last other reference goes meanwhile (in an op's callback, on one of its own threads)
+// is torn down after the walk, and never waits for the walker, which may be waiting for that
+// very callback.
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace streamnccl {
 
 class ProcessGroup;
+class Watchdog;
 
 namespace groupRegistry {
 
 // `uid`: the group's place in the order groups were made, which every rank shares.
-void add(const c10::intrusive_ptr<ProcessGroup>& group, int64_t uid);
+void add(const c10::intrusive_ptr<ProcessGroup>& group, int64_t uid,
+         const std::shared_ptr<Watchdog>& watchdog);
 // The group's last reference went, and its teardown was done or handed to a thread of its own.
 void remove(const ProcessGroup* group);
-// References to the groups alive now, in the order they were made. With `afterTheDying`,
-// first waits until every group whose last reference went meanwhile has been removed.
-std::vector<c10::intrusive_ptr<ProcessGroup>> alive(bool afterTheDying = false);
+// References to the groups alive now, in the order they were made.
+std::vector<c10::intrusive_ptr<ProcessGroup>> alive();
+// Returns once every group whose last reference has gone is removed.
+void waitForTheDying();
+// The watchdogs of the groups alive now: no reference to a group, whose last one, let go of
+// here, would tear the group down on the caller's thread.
+std::vector<std::shared_ptr<Watchdog>> watchdogs();
 
 }  // namespace groupRegistry
 }  // namespace streamnccl

@@ -322,6 +322,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
   Path& path = pathFor(inputTensors[0].device(), op);
   const std::vector<at::Tensor> inputs = inputTensors;
   const std::vector<at::Tensor> outputs = outputTensors;
+  // The group's sends read the inputs while its recvs write the outputs: an output over any
+  // input's memory (all_to_all(xs, xs)) is received into a buffer of its own, and copied back
+  // once this rank's own block has been read.
+  std::vector<bool> receivedApart(size, false);
+  for (const auto r : c10::irange(size)) {
+    for (const auto& in : inputs) {
+      if (in.storage().is_alias_of(outputs[r].storage()) &&
+          at::get_overlap_status(in, outputs[r]) != at::MemOverlapStatus::No) {
+        receivedApart[r] = true;
+        break;
+      }
+    }
+  }
   auto scratch = lowering::makeScratch(2 * size);
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
@@ -331,7 +344,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
              (*scratch)[r] = kernels.contiguous(inputs[r]);
            }
            if (r != rank && outputs[r].numel() > 0) {
-             (*scratch)[size + r] = kernels.contiguous(outputs[r]);
+             (*scratch)[size + r] = receivedApart[r]
+                                        ? at::empty(outputs[r].sizes(), outputs[r].options())
+                                        : kernels.contiguous(outputs[r]);
            }
          }
          CommunicatorGroup group(comm);
@@ -346,10 +361,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
          group.end();
        },
        [=](Kernels& kernels) {
+         kernels.copy(outputs[rank], kernels.contiguous(inputs[rank]).view(outputs[rank].sizes()));
          for (const auto r : c10::irange(size)) {
-           if (r == rank) {
-             kernels.copy(outputs[r], kernels.contiguous(inputs[r]).view(outputs[r].sizes()));
-           } else if ((*scratch)[size + r].defined()) {
+           if (r != rank && (*scratch)[size + r].defined()) {
              lowering::copyBack(kernels, outputs[r], (*scratch)[size + r]);
            }
          }

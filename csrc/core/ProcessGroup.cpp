@@ -48,8 +48,9 @@ int validRank(int rank, int size) {
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
-                           PathFactories factories, c10::intrusive_ptr<c10d::Store> store)
+ProcessGroup::ProcessGroup(Key /*key*/, int rank, int size,
+                           c10::intrusive_ptr<streamnccl::Options> options, PathFactories factories,
+                           c10::intrusive_ptr<c10d::Store> store)
     : c10d::Backend(validRank(rank, size), size),
       options_(std::move(options)),
       factories_(std::move(factories)),
@@ -69,16 +70,19 @@ void ProcessGroup::shutdownAll() {
   // Each in the order the groups were made, which every rank shares: closing a group's
   // communicators meets the other ranks' closing of theirs. Held here meanwhile: a group let
   // go of in an op's callback during its flush is torn down once this lets go of it too.
-  for (const auto& group : groupRegistry::alive(/*afterTheDying=*/true)) {
+  for (const auto& group : groupRegistry::alive()) {
     group->shutdown();
   }
-  // And the groups let go of on their own threads, whose teardown runs apart.
+  // Then the groups whose last reference went elsewhere meanwhile (their teardowns run beside
+  // this walk, as they would have without an exit), and those let go of on their own threads,
+  // whose teardown runs apart.
+  groupRegistry::waitForTheDying();
   waitForTeardownsApart();
 }
 
 void ProcessGroup::retireCompletedOfAll() {
-  for (const auto& group : groupRegistry::alive()) {
-    group->watchdog_->releaseCompleted();
+  for (const auto& watchdog : groupRegistry::watchdogs()) {
+    watchdog->releaseCompleted();
   }
 }
 

@@ -35,17 +35,25 @@ class ProcessGroup final : public c10d::Backend {
  public:
   using PathFactories = std::unordered_map<c10::DeviceType, std::unique_ptr<PathFactory>>;
 
-  // `store`: where the debug checks meet (Options::debugChecks); may be null without them.
-  ProcessGroup(int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
-               PathFactories factories, c10::intrusive_ptr<c10d::Store> store = nullptr);
-  // A group made as the constructor does, and known to the process's registry
-  // (GroupRegistry.hpp), which shuts it down at exit if it is still alive then.
-  template <typename... Args>
-  static c10::intrusive_ptr<ProcessGroup> make(Args&&... args) {
-    auto group = c10::make_intrusive<ProcessGroup>(std::forward<Args>(args)...);
-    groupRegistry::add(group, group->uid_);
+  // Only make() has the key: every group is known to the process's registry.
+  class Key {
+    Key() {}  // provided, not defaulted: no `Key{}` elsewhere as an aggregate
+    friend class ProcessGroup;
+  };
+  // A group, known to the process's registry (GroupRegistry.hpp), which shuts it down at exit
+  // if it is still alive then. `store`: where the debug checks meet (Options::debugChecks);
+  // may be null without them.
+  static c10::intrusive_ptr<ProcessGroup> make(int rank, int size,
+                                               c10::intrusive_ptr<streamnccl::Options> options,
+                                               PathFactories factories,
+                                               c10::intrusive_ptr<c10d::Store> store = nullptr) {
+    auto group = c10::make_intrusive<ProcessGroup>(Key(), rank, size, std::move(options),
+                                                   std::move(factories), std::move(store));
+    groupRegistry::add(group, group->uid_, group->watchdog_);
     return group;
   }
+  ProcessGroup(Key key, int rank, int size, c10::intrusive_ptr<streamnccl::Options> options,
+               PathFactories factories, c10::intrusive_ptr<c10d::Store> store);
   // The last reference went: the group is shut down (see letGo()). The registry's weak
   // reference keeps the object itself until then.
   void release_resources() override { letGo(); }

@@ -64,6 +64,8 @@ class NcclApi {
   virtual ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                      cudaStream_t stream) = 0;
+  // Whether the NCCL loaded has ncclAlltoAll (2.28+).
+  virtual bool hasAllToAll() = 0;
   // NCCL 2.28+, looked up at run time as commShrink is: block r (`count` elements) of
   // `sendbuff` goes to rank r, and block r of `recvbuff` comes from rank r; not in place.
   virtual ncclResult_t allToAll(const void* sendbuff, void* recvbuff, size_t count,

@@ -14,12 +14,6 @@
 namespace streamnccl {
 namespace {
 
-// ncclAlltoAll came with NCCL 2.28; the library looks it up at run time (NcclLibrary.cpp).
-bool loadedHasAllToAll(NcclApi& nccl) {
-  int version = 0;
-  return nccl.getVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 28, 0);
-}
-
 std::optional<ncclDataType_t> ncclTypeOf(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat:
@@ -140,7 +134,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       key_(membership.idKey),
       config_(std::move(config)),
       name_(membership.name),
-      allToAllLoaded_(loadedHasAllToAll(*nccl_)),
+      allToAllLoaded_(nccl_->hasAllToAll()),
       connection_(NcclConnection::open(NcclConnection::Settings{
           nccl_, cuda_, std::move(store), device,
           members_.empty() ? groupSize : static_cast<int>(members_.size()), commRank(groupRank),
@@ -161,7 +155,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclApi> nccl, std::shared_pt
       key_(std::move(key)),
       config_(std::move(config)),
       name_(std::move(name)),
-      allToAllLoaded_(loadedHasAllToAll(*nccl_)),
+      allToAllLoaded_(nccl_->hasAllToAll()),
       connection_(std::move(connection)) {}
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::shrunk(

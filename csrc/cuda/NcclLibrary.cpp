@@ -73,14 +73,12 @@ class NcclLibrary final : public NcclApi {
                              cudaStream_t stream) override {
     return ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
   }
+  bool hasAllToAll() override { return allToAllSymbol() != nullptr; }
   ncclResult_t allToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclComm_t comm, cudaStream_t stream) override {
-    // Looked up, not linked, as ncclCommShrink: NCCL before 2.28 has none.
-    using AllToAll =
-        ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
-    static const auto allToAll = reinterpret_cast<AllToAll>(ncclSymbol("ncclAlltoAll"));
+    const auto allToAll = allToAllSymbol();
     if (allToAll == nullptr) {
-      return ncclInvalidUsage;  // the caller checked the version first
+      return ncclInvalidUsage;  // the caller asked hasAllToAll() first
     }
     return allToAll(sendbuff, recvbuff, count, datatype, comm, stream);
   }
@@ -100,6 +98,15 @@ class NcclLibrary final : public NcclApi {
   }
   ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) override {
     return ncclRedOpDestroy(op, comm);
+  }
+
+ private:
+  // Looked up, not linked, as ncclCommShrink: NCCL before 2.28 has none.
+  using AllToAll = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                                    cudaStream_t);
+  static AllToAll allToAllSymbol() {
+    static const auto allToAll = reinterpret_cast<AllToAll>(ncclSymbol("ncclAlltoAll"));
+    return allToAll;
   }
 };
 

@@ -310,14 +310,23 @@ bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item
     FakeMemory::Untracked fakesOwn;
     for (const auto& [index, byRank] : collectives) {
       std::vector<const NcclOp*> ops;
+      bool agreed = true;
       for (const auto& [rank, op] : byRank) {
-        if (op->kind != byRank.begin()->second->kind) {
-          gpu.log().violation("members issued different collectives as operation #" +
-                              std::to_string(index.second) + " of a communicator");
+        const NcclOp& first = *byRank.begin()->second;
+        if (op->kind != first.kind || op->count != first.count || op->type != first.type) {
+          // As NCCL, which would hang or move garbage: the fake moves nothing, and reads no
+          // member's buffer past the count that member gave.
+          gpu.log().violation(
+              "members issued different collectives (kind, count or type) as "
+              "operation #" +
+              std::to_string(index.second) + " of a communicator");
+          agreed = false;
         }
         ops.push_back(op);
       }
-      runCollective(ops);
+      if (agreed) {
+        runCollective(ops);
+      }
     }
     for (const auto& [rank, recv] : recvs) {
       runMessage(*sends.at({recv->root, rank, recv->index}), *recv);

@@ -92,6 +92,7 @@ class NoOpNccl final : public NcclApi {
                              cudaStream_t) override {
     return ncclSuccess;
   }
+  bool hasAllToAll() override { return true; }
   ncclResult_t allToAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
                         cudaStream_t) override {
     return ncclSuccess;

@@ -861,13 +861,15 @@ ncclResult_t RecordingNccl::reduceScatter(const void* sendbuff, void* recvbuff, 
                opOf(NcclOp::Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op));
 }
 
+bool RecordingNccl::hasAllToAll() { return gpu_->ncclVersion() >= NCCL_VERSION(2, 28, 0); }
+
 ncclResult_t RecordingNccl::allToAll(const void* sendbuff, void* recvbuff, size_t count,
                                      ncclDataType_t datatype, ncclComm_t comm,
                                      cudaStream_t stream) {
   const std::string call = "ncclAlltoAll(count=" + std::to_string(count) + ", " +
                            typeName(datatype) + ", " + commName(comm) + ", " + streamName(stream) +
                            ")";
-  if (gpu_->ncclVersion() < NCCL_VERSION(2, 28, 0)) {
+  if (!hasAllToAll()) {
     gpu_->log().violation(call + " with NCCL " + std::to_string(gpu_->ncclVersion()) +
                           ", which has no ncclAlltoAll (2.28+)");
     return ncclInvalidUsage;

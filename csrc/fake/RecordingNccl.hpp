@@ -83,6 +83,7 @@ class RecordingNccl final : public NcclApi {
                              cudaStream_t stream) override;
   // An NCCL older than 2.28 has no ncclAlltoAll; as NCCL's, it has no in-place form, so
   // buffers that overlap are a violation.
+  bool hasAllToAll() override;
   ncclResult_t allToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclComm_t comm, cudaStream_t stream) override;
   ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
