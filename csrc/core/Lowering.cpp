@@ -184,7 +184,14 @@ at::Tensor reductionBuffer(const at::Tensor& contiguousTensor) {
 }
 
 at::Tensor bytes(const at::Tensor& contiguousTensor) {
-  return contiguousTensor.reshape({-1}).view(at::kByte);
+  at::AutoDispatchBelowADInplaceOrView belowAutograd;
+  return kernelBytes(contiguousTensor);
+}
+
+at::Tensor kernelBytes(const at::Tensor& contiguousTensor) {
+  const at::Tensor flat =
+      contiguousTensor.dim() == 1 ? contiguousTensor : contiguousTensor.reshape({-1});
+  return flat.scalar_type() == at::kByte ? flat : flat.view(at::kByte);
 }
 
 at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduction& reduction) {

@@ -50,9 +50,15 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
 // The buffer a reduction works on: complex as its real view, bool as bytes.
 at::Tensor reductionBuffer(const at::Tensor& contiguousTensor);
 
-// The buffer an op that only moves data works on: the bytes of the tensor, so every dtype
-// (bool, float8, complex, ...) moves on every path.
+// The buffer an op that only moves data hands its communicator: the bytes of the tensor, so
+// every dtype (bool, float8, complex, ...) moves on every path. Made below autograd, which
+// would cost more than the rest of a small op's lowering: writes through it bump no version
+// counter of the tensor, as a communicator's never do. A kernel writing through bytes uses
+// kernelBytes().
 at::Tensor bytes(const at::Tensor& contiguousTensor);
+// bytes() as a view autograd tracks: a kernel's write through it bumps the tensor's version
+// counter, which the in-flight write check credits to the op (InflightWrites.hpp).
+at::Tensor kernelBytes(const at::Tensor& contiguousTensor);
 
 // `dense` scaled for PREMUL_SUM, as a new tensor (the caller's input is never modified).
 at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduction& reduction);

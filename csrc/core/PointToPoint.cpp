@@ -295,7 +295,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
                    group.end();
                  },
                  [=](Kernels& kernels) {
-                   const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
+                   const at::Tensor outBytes = lowering::kernelBytes((*scratch)[1]);
                    kernels.copy(block(outBytes, outOffsets[rank], outSplits[rank], outRow),
                                 block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
                    lowering::copyBack(kernels, output, (*scratch)[1]);
