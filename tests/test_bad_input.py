@@ -48,6 +48,15 @@ def fake_cuda_tensor(*shape):
 
 
 # Each case: (name, error type, message pattern, call(ctx)).
+def _all_to_all_own_block_partly_in_place():
+    n, me = dist.get_world_size(), dist.get_rank()
+    memory = torch.zeros(2 * n + 1)
+    inputs = [memory[2 * r : 2 * r + 2] for r in range(n)]
+    outputs = [torch.empty(2) for _ in range(n)]
+    outputs[me] = memory[2 * me + 1 : 2 * me + 3]  # one element of this rank's own input
+    dist.all_to_all(outputs, inputs)
+
+
 def _cases():
     n = dist.get_world_size()
     ones = torch.ones(4)
@@ -289,6 +298,12 @@ def _cases():
             ),
         ),
         (
+            "all_to_all with this rank's output partly over its input",
+            ValueError,
+            r"all_to_all: `output_tensor_list\[\d+\]` partly overlaps `input_tensor_list",
+            _all_to_all_own_block_partly_in_place,
+        ),
+        (
             "all_to_all_single even split of indivisible rows",
             ValueError,
             rf"all_to_all_single: `input_split_sizes` is empty \(even split\), so dim 0 "
@@ -438,6 +453,7 @@ CASE_NAMES = [
     "all_to_all_single with too few splits",
     "all_to_all_single splits that do not sum to the rows",
     "all_to_all_single with a negative split",
+    "all_to_all with this rank's output partly over its input",
     "all_to_all_single even split of indivisible rows",
     "all_to_all_single output of another dtype, direct",
     "all_to_all list too short",

@@ -29,8 +29,8 @@ void remove(const ProcessGroup* group);
 std::vector<c10::intrusive_ptr<ProcessGroup>> alive();
 // Returns once every group whose last reference has gone is removed.
 void waitForTheDying();
-// The watchdogs of the groups alive now: no reference to a group, whose last one, let go of
-// here, would tear the group down on the caller's thread.
+// The watchdogs of the groups in the registry (alive, or still tearing down): no reference to
+// a group, whose last one, let go of here, would tear the group down on the caller's thread.
 std::vector<std::shared_ptr<Watchdog>> watchdogs();
 
 }  // namespace groupRegistry

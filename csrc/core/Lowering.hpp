@@ -51,9 +51,10 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
 at::Tensor reductionBuffer(const at::Tensor& contiguousTensor);
 
 // The buffer an op that only moves data hands its communicator: the bytes of the tensor, so
-// every dtype (bool, float8, complex, ...) moves on every path. Made below autograd, which
-// would cost more than the rest of a small op's lowering: writes through it bump no version
-// counter of the tensor, as a communicator's never do. A kernel writing through bytes uses
+// every dtype (bool, float8, complex, ...) moves on every path; the tensor itself when it is
+// already flat bytes. Made below autograd, which would cost more than the rest of a small
+// op's lowering, so writes through it need not bump the tensor's version counter (a
+// communicator's are not the caller's to see). A kernel writing through bytes uses
 // kernelBytes().
 at::Tensor bytes(const at::Tensor& contiguousTensor);
 // bytes() as a view autograd tracks: a kernel's write through it bumps the tensor's version

@@ -13,6 +13,9 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
+#include <utility>
+
 namespace streamnccl {
 namespace {
 
@@ -325,11 +328,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
   // The group's sends read the inputs while its recvs write the outputs: an output over any
   // input's memory (all_to_all(xs, xs)) is received into a buffer of its own, and copied back
   // once this rank's own block has been read.
+  STREAMNCCL_CHECK_ARG(
+      at::get_overlap_status(outputs[rank], inputs[rank]) != at::MemOverlapStatus::Partial, op,
+      "`output_tensor_list[", rank, "]` partly overlaps `input_tensor_list[", rank,
+      "]`: this rank's own block is copied, and a copy cannot read and write memory that only "
+      "partly coincides (the same tensor, or tensors apart, are fine)");
+  // Inputs by storage, so that each output is compared only with those sharing its memory.
+  std::vector<std::pair<const c10::StorageImpl*, const at::Tensor*>> byStorage;
+  byStorage.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    byStorage.emplace_back(in.storage().unsafeGetStorageImpl(), &in);
+  }
+  std::sort(byStorage.begin(), byStorage.end());
   std::vector<bool> receivedApart(size, false);
   for (const auto r : c10::irange(size)) {
-    for (const auto& in : inputs) {
-      if (in.storage().is_alias_of(outputs[r].storage()) &&
-          at::get_overlap_status(in, outputs[r]) != at::MemOverlapStatus::No) {
+    const c10::StorageImpl* memory = outputs[r].storage().unsafeGetStorageImpl();
+    auto sharing =
+        std::lower_bound(byStorage.begin(), byStorage.end(),
+                         std::make_pair(memory, static_cast<const at::Tensor*>(nullptr)));
+    for (; sharing != byStorage.end() && sharing->first == memory; ++sharing) {
+      if (at::get_overlap_status(*sharing->second, outputs[r]) != at::MemOverlapStatus::No) {
         receivedApart[r] = true;
         break;
       }

@@ -313,11 +313,16 @@ bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item
       bool agreed = true;
       for (const auto& [rank, op] : byRank) {
         const NcclOp& first = *byRank.begin()->second;
-        if (op->kind != first.kind || op->count != first.count || op->type != first.type) {
+        // (A PreMulSum op is made per member, under a number of its own: not compared.)
+        const bool rooted =
+            first.kind == NcclOp::Kind::Broadcast || first.kind == NcclOp::Kind::Reduce;
+        const bool builtInOps = op->op < ncclNumOps && first.op < ncclNumOps;
+        if (op->kind != first.kind || op->count != first.count || op->type != first.type ||
+            (rooted && op->root != first.root) || (builtInOps && op->op != first.op)) {
           // As NCCL, which would hang or move garbage: the fake moves nothing, and reads no
           // member's buffer past the count that member gave.
           gpu.log().violation(
-              "members issued different collectives (kind, count or type) as "
+              "members issued different collectives (kind, count, type, root or reduction) as "
               "operation #" +
               std::to_string(index.second) + " of a communicator");
           agreed = false;
