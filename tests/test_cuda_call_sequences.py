@@ -76,6 +76,16 @@ def test_async_all_reduce_follows_the_stream_contract():
     ]
 
 
+# all_to_all as sends and recvs: 8 bytes each way with each other rank, in one group.
+EXCHANGE_8_BYTES_WITH_EACH_PEER = [
+    "ncclGroupStart()",
+    "ncclSend(count=8, ncclUint8, peer=1, C0, {s})",
+    "ncclRecv(count=8, ncclUint8, peer=1, C0, {s})",
+    "ncclSend(count=8, ncclUint8, peer=2, C0, {s})",
+    "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})",
+    "ncclGroupEnd()",
+]
+
 # After a sync op, only an event for the watchdog; no stream waits.
 SYNC_END = ["cudaEventCreate() -> E1", "cudaEventRecord(E1, S0)"]
 
@@ -326,14 +336,7 @@ OPS = [
         lambda pg, a: pg.alltoall_base(
             torch.empty(3, 2), torch.ones(3, 2), [1, 1, 1], [1, 1, 1], options(AllToAllOptions, a)
         ),
-        [
-            "ncclGroupStart()",
-            "ncclSend(count=8, ncclUint8, peer=1, C0, {s})",
-            "ncclRecv(count=8, ncclUint8, peer=1, C0, {s})",
-            "ncclSend(count=8, ncclUint8, peer=2, C0, {s})",
-            "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})",
-            "ncclGroupEnd()",
-        ],
+        EXCHANGE_8_BYTES_WITH_EACH_PEER,
     ),
     (
         "all_to_all_single uneven, empty blocks skipped",
@@ -355,14 +358,7 @@ OPS = [
             [torch.ones(2) for _ in range(SIZE)],
             options(AllToAllOptions, a),
         ),
-        [
-            "ncclGroupStart()",
-            "ncclSend(count=8, ncclUint8, peer=1, C0, {s})",
-            "ncclRecv(count=8, ncclUint8, peer=1, C0, {s})",
-            "ncclSend(count=8, ncclUint8, peer=2, C0, {s})",
-            "ncclRecv(count=8, ncclUint8, peer=2, C0, {s})",
-            "ncclGroupEnd()",
-        ],
+        EXCHANGE_8_BYTES_WITH_EACH_PEER,
     ),
 ]
 

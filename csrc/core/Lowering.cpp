@@ -205,6 +205,10 @@ void finishReduction(Kernels& kernels, const at::Tensor& result, const Reduction
   }
 }
 
+at::Tensor receiveBuffer(Kernels& kernels, const at::Tensor& output, bool apart) {
+  return apart ? at::empty(output.sizes(), output.options()) : kernels.contiguous(output);
+}
+
 void copyBack(Kernels& kernels, const at::Tensor& target, const at::Tensor& computed) {
   if (!target.is_same(computed)) {
     kernels.copy(target, computed);

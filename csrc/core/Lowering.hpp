@@ -68,6 +68,11 @@ at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduct
 void finishReduction(Kernels& kernels, const at::Tensor& result, const Reduction& reduction,
                      int size);
 
+// The tensor a communicator receives `output` into: `output` itself when contiguous, else a
+// contiguous copy; with `apart` (the output lies over memory the op still reads) a new tensor.
+// Either way copyBack() then writes it into `output` if it is not `output`.
+at::Tensor receiveBuffer(Kernels& kernels, const at::Tensor& output, bool apart);
+
 // Writes `computed` back into `target` when the op had to compute in a copy.
 void copyBack(Kernels& kernels, const at::Tensor& target, const at::Tensor& computed);
 

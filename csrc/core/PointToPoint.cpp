@@ -28,6 +28,29 @@ std::vector<int64_t> offsetsOf(const std::vector<int64_t>& splits) {
   return offsets;
 }
 
+// For each output, whether it lies over any input's memory; each output is compared only with
+// the inputs that share its storage.
+std::vector<bool> outputsOverInputs(const std::vector<at::Tensor>& inputs,
+                                    const std::vector<at::Tensor>& outputs) {
+  std::vector<std::pair<const c10::StorageImpl*, const at::Tensor*>> byStorage;
+  byStorage.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    byStorage.emplace_back(in.storage().unsafeGetStorageImpl(), &in);
+  }
+  std::sort(byStorage.begin(), byStorage.end());
+  std::vector<bool> over(outputs.size(), false);
+  for (const auto r : c10::irange(outputs.size())) {
+    const c10::StorageImpl* memory = outputs[r].storage().unsafeGetStorageImpl();
+    auto sharing =
+        std::lower_bound(byStorage.begin(), byStorage.end(),
+                         std::make_pair(memory, static_cast<const at::Tensor*>(nullptr)));
+    for (; sharing != byStorage.end() && sharing->first == memory && !over[r]; ++sharing) {
+      over[r] = at::get_overlap_status(*sharing->second, outputs[r]) != at::MemOverlapStatus::No;
+    }
+  }
+  return over;
+}
+
 int64_t bytesPerRow(const at::Tensor& tensor) {
   const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
   return rows == 0 ? 0 : tensor.numel() / rows * tensor.element_size();
@@ -238,26 +261,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   Path& path = pathFor(inputTensor.device(), op);
   const at::Tensor input = inputTensor;
   const at::Tensor output = outputTensor;
-  const auto inOffsets = offsetsOf(inSplits);
-  const auto outOffsets = offsetsOf(outSplits);
   // The exchange reads the input while it writes the output: an output over the input's memory
   // (all_to_all_single(x, x)) is received into a buffer of its own, then copied back.
   const bool outputOverInput = at::get_overlap_status(input, output) != at::MemOverlapStatus::No;
-  auto outputBuffer = [output, outputOverInput](Kernels& kernels) {
-    return outputOverInput ? at::empty(output.sizes(), output.options())
-                           : kernels.contiguous(output);
-  };
   auto scratch = lowering::makeScratch(2);
-  auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
-    return bytes.narrow(0, row * rowBytes, rows * rowBytes);
-  };
   Launch launch{op,          c10d::OpType::ALLTOALL_BASE, input, {input}, {output}, opts.asyncOp,
                 opts.timeout};
   launch.inputSplitSizes = inputSplitSizes;
   launch.outputSplitSizes = outputSplitSizes;
-  // NCCL's all-to-all of equal blocks meets only the same call on the other ranks, so it is
-  // taken when no splits were given, the same on every rank (as torch's nccl backend does),
-  // not when this rank's splits happen to come out equal.
+  // NCCL's all-to-all of equal blocks need not meet sends and recvs on the other ranks (its
+  // copy-engine form does not), so it is taken when no splits were given, the same on every
+  // rank (as torch's nccl backend does), not when this rank's splits happen to come out equal.
   const auto ownAllToAll = path.communicator->allToAllKind();
   const bool splitsGiven = !inputSplitSizes.empty() || !outputSplitSizes.empty();
   if (ownAllToAll == Communicator::AllToAll::AnyBlocks ||
@@ -271,16 +285,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
     return submit(std::move(launch), path,
                   {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                      (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
-                     (*scratch)[1] = outputBuffer(kernels);
+                     (*scratch)[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
                      comm.allToAll((*scratch)[0], lowering::bytes((*scratch)[1]), inBytes, outBytes,
                                    stream);
                    },
                    [=](Kernels& kernels) { lowering::copyBack(kernels, output, (*scratch)[1]); }});
   }
+  const auto inOffsets = offsetsOf(inSplits);
+  const auto outOffsets = offsetsOf(outSplits);
+  auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
+    return bytes.narrow(0, row * rowBytes, rows * rowBytes);
+  };
   return submit(std::move(launch), path,
                 {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                    (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
-                   (*scratch)[1] = outputBuffer(kernels);
+                   (*scratch)[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
                    const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
                    CommunicatorGroup group(comm);
                    for (const auto r : c10::irange(size)) {
@@ -333,26 +352,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
       "`output_tensor_list[", rank, "]` partly overlaps `input_tensor_list[", rank,
       "]`: this rank's own block is copied, and a copy cannot read and write memory that only "
       "partly coincides (the same tensor, or tensors apart, are fine)");
-  // Inputs by storage, so that each output is compared only with those sharing its memory.
-  std::vector<std::pair<const c10::StorageImpl*, const at::Tensor*>> byStorage;
-  byStorage.reserve(inputs.size());
-  for (const auto& in : inputs) {
-    byStorage.emplace_back(in.storage().unsafeGetStorageImpl(), &in);
-  }
-  std::sort(byStorage.begin(), byStorage.end());
-  std::vector<bool> receivedApart(size, false);
-  for (const auto r : c10::irange(size)) {
-    const c10::StorageImpl* memory = outputs[r].storage().unsafeGetStorageImpl();
-    auto sharing =
-        std::lower_bound(byStorage.begin(), byStorage.end(),
-                         std::make_pair(memory, static_cast<const at::Tensor*>(nullptr)));
-    for (; sharing != byStorage.end() && sharing->first == memory; ++sharing) {
-      if (at::get_overlap_status(*sharing->second, outputs[r]) != at::MemOverlapStatus::No) {
-        receivedApart[r] = true;
-        break;
-      }
-    }
-  }
+  const std::vector<bool> receivedApart = outputsOverInputs(inputs, outputs);
   auto scratch = lowering::makeScratch(2 * size);
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
@@ -362,9 +362,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
              (*scratch)[r] = kernels.contiguous(inputs[r]);
            }
            if (r != rank && outputs[r].numel() > 0) {
-             (*scratch)[size + r] = receivedApart[r]
-                                        ? at::empty(outputs[r].sizes(), outputs[r].options())
-                                        : kernels.contiguous(outputs[r]);
+             (*scratch)[size + r] = lowering::receiveBuffer(kernels, outputs[r], receivedApart[r]);
            }
          }
          CommunicatorGroup group(comm);

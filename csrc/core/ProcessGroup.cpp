@@ -675,7 +675,8 @@ void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, const Launch& laun
   }
   mine << c10::toString(info.dtype);
   if (opType == OpType::ALLTOALL_BASE) {
-    // Without them NCCL's path may take ncclAlltoAll, which meets only itself (PointToPoint.cpp).
+    // Without them NCCL's path may take ncclAlltoAll, which need not meet sends and recvs on
+    // the other ranks (PointToPoint.cpp).
     const bool given = !launch.inputSplitSizes.empty() || !launch.outputSplitSizes.empty();
     mine << (given ? ", split sizes given" : ", no split sizes");
   }

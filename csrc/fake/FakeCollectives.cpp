@@ -100,6 +100,17 @@ void write(const NcclOp& op, size_t count, const at::Tensor& value) {
   viewOf(op.recv, count, op.type).copy_(value);
 }
 
+// Block r (of `count` elements) of each member's whole buffer, in member order.
+std::vector<at::Tensor> blocksFor(int r, const std::vector<at::Tensor>& wholes, size_t count) {
+  std::vector<at::Tensor> blocks;
+  blocks.reserve(wholes.size());
+  const auto length = static_cast<int64_t>(count);
+  for (const auto& whole : wholes) {
+    blocks.push_back(whole.narrow(0, r * length, length));
+  }
+  return blocks;
+}
+
 void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
   const NcclOp& first = *ops.front();
   const int n = static_cast<int>(ops.size());
@@ -162,11 +173,7 @@ void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
         if (!writes(r)) {
           continue;
         }
-        std::vector<at::Tensor> parts;
-        for (const auto& whole : wholes) {
-          parts.push_back(whole.narrow(0, r * first.count, first.count));
-        }
-        write(*ops[r], first.count, reduce(parts, ops));
+        write(*ops[r], first.count, reduce(blocksFor(r, wholes, first.count), ops));
       }
       break;
     }
@@ -181,11 +188,7 @@ void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
         if (!writes(r)) {
           continue;
         }
-        std::vector<at::Tensor> blocks;
-        for (const auto& whole : wholes) {
-          blocks.push_back(whole.narrow(0, r * first.count, first.count));
-        }
-        write(*ops[r], n * first.count, at::cat(blocks));
+        write(*ops[r], n * first.count, at::cat(blocksFor(r, wholes, first.count)));
       }
       break;
     }
