@@ -236,7 +236,9 @@ void bindRecording(py::module_& m) {
       .def("read", &FakeGpu::read, py::arg("tensor"),
            "A read of `tensor` on the calling thread's current stream, as a kernel of the user's")
       .def("write", &FakeGpu::write, py::arg("tensor"), py::arg("value"))
-      .def("futures_naming_device", &FakeGpu::futuresNamingDevice)
+      .def("future_streams", &FakeGpu::futureStreams,
+           "The current stream (its number, as ran() names it: S<n>) at each request of the "
+           "NCCL path for a future naming this GPU's device")
       .def("set_nccl_version", &FakeGpu::setNcclVersion, py::arg("version"),
            "The version ncclGetVersion reports, e.g. 22605 for an NCCL without ncclCommShrink.")
       .def_static(

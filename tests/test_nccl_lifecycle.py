@@ -563,14 +563,33 @@ def test_synchronize_makes_the_callers_stream_wait_for_the_op():
 def test_every_future_names_the_ops_device():
     # A c10 future completed on a CUDA stream records events there, and then() callbacks wait
     # for them, only when it names the device. The fake's tensors are CPU tensors, whose
-    # futures cannot name one: the fake counts the requests instead.
+    # futures cannot name one: the fake notes the requests instead.
     pg, gpu = connected()
-    pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
-    pg.allreduce([torch.ones(4)], opts(AllreduceOptions, False)).wait()
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).get_future().wait()
+    pg.allreduce([torch.ones(4)], opts(AllreduceOptions, False)).get_future().wait()
     pg._start_coalescing()
     pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
-    pg._end_coalescing().wait()
-    assert gpu.futures_naming_device() == 3
+    pg._end_coalescing().get_future().wait()
+    assert len(gpu.future_streams()) == 3
+
+
+def test_a_future_asked_for_after_the_op_was_issued_follows_the_ops_stream():
+    # On CUDA an op's task runs at issue, so a future asked for afterwards (DDP's comm hook
+    # asks at once) is made once the op has settled. It must be completed with the op's stream
+    # current, as the task would have completed it: c10 records its events there. Asked on the
+    # caller's stream instead, an async op's then() callbacks would not wait for it.
+    pg, gpu = connected()
+    x = torch.ones(4)
+    for async_op in (True, False):
+        work = pg.allreduce([x], opts(AllreduceOptions, async_op))
+        future = work.get_future()
+        assert settle(gpu) == []
+        op_stream = [item.split()[0] for item in gpu.ran() if "ncclAllReduce" in item][-1]
+        assert f"S{gpu.future_streams()[-1]}" == op_stream, (async_op, gpu.ran())
+        assert future.wait()[0] is x
+        # Asked again, the same future: nothing more is made.
+        work.get_future()
+        assert len(gpu.future_streams()) == (1 if async_op else 2)
 
 
 def test_wait_inside_a_capture_on_an_op_from_before_it_is_refused_clearly():

@@ -416,7 +416,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
   Coalesced& group = *coalescing_;
   if (group.path == nullptr) {
     group.path = &path;
-    group.outcome = std::make_shared<OpOutcome>(tensorListType(), path.device->futureDevices());
+    group.future = makeFuture(*path.device);
   }
   STREAMNCCL_CHECK_ARG(group.path == &path, launch.op, "tensors on ", path.device->device(),
                        " cannot join a coalesced group on ", group.path->device->device(),
@@ -425,7 +425,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
   group.inputs.insert(group.inputs.end(), launch.inputs.begin(), launch.inputs.end());
   group.outputs.insert(group.outputs.end(), launch.outputs.begin(), launch.outputs.end());
   // The group's future: waiting on it waits for the whole group, once it has been ended.
-  return c10d::Work::create_from_future(group.outcome->future());
+  return c10d::Work::create_from_future(group.future);
 }
 
 namespace {
@@ -454,9 +454,9 @@ bool isPointToPoint(c10d::OpType opType) {
 }  // namespace
 
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
-                                              std::shared_ptr<OpOutcome> outcome) {
+                                              c10::intrusive_ptr<c10::ivalue::Future> future) {
   if (!at::hasCallbacks()) {  // nothing observes ops: the common case stays cheap
-    return issue(std::move(launch), path, std::move(steps), std::move(outcome));
+    return issue(std::move(launch), path, std::move(steps), std::move(future));
   }
   // The group's members as the profiler's metadata describes them: a start and a stride
   // when they are evenly spaced (-1 when not).
@@ -473,7 +473,7 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
       launch.op, elementsOf(launch.inputs), elementsOf(launch.outputs),
       launch.shapeOf.scalar_type(), launch.inputSplitSizes, launch.outputSplitSizes, start, stride,
       getSize());
-  return issue(std::move(launch), path, std::move(steps), std::move(outcome));
+  return issue(std::move(launch), path, std::move(steps), std::move(future));
 }
 
 int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds timeout) {
@@ -503,7 +503,7 @@ int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds time
 }
 
 c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps steps,
-                                             std::shared_ptr<OpOutcome> outcome) {
+                                             c10::intrusive_ptr<c10::ivalue::Future> future) {
   refuseIfBroken(launch.op);
   Device& device = *path.device;
   const c10::Stream current = device.currentStream();
@@ -515,45 +515,56 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
     // A lane still connecting would issue the op after the capture has ended.
     path.communicator->waitReady();
     path.communicator->noteCaptured();  // NCCL now ties the communicator to the graph
+    // Its future is completed inside the capture, as its task issues it, not at a later ask.
+    if (!future) {
+      future = makeFuture(device);
+    }
   } else {
     watchdog_->releaseCompleted();  // earlier ops that completed, recorded before this one
   }
-  // One copy, shared by the Work and the task, which both name the op in their messages.
-  auto info = std::make_shared<OpInfo>();
-  info->name = launch.op;
-  info->seq = ++seq_;
-  info->rank = getRank();
-  info->size = getSize();
-  info->group = getGroupUid();
+  OpInfo info;
+  info.name = launch.op;
+  info.seq = ++seq_;
+  info.rank = getRank();
+  info.size = getSize();
+  info.group = getGroupUid();
   const auto sizes = launch.shapeOf.sizes();
-  info->shape.assign(sizes.begin(), sizes.end());
-  info->dtype = launch.shapeOf.scalar_type();
+  info.shape.assign(sizes.begin(), sizes.end());
+  info.dtype = launch.shapeOf.scalar_type();
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
-  info->traceId = trace(launch, timeout);
-  info->path = path.description;
-  if (!outcome) {
-    outcome = std::make_shared<OpOutcome>(tensorListType(), device.futureDevices());
-  }
-  auto work =
-      c10::make_intrusive<Work>(info, launch.opType, path.device, outcome, launch.outputs, timeout,
-                                launch.blockHostOnWait || options_->useBlockingWait(), watchdog_);
-  if (launch.sourceRank) {
-    work->reportSourceRank(launch.sourceRank);
-  }
+  info.traceId = trace(launch, timeout);
+  info.path = path.description;
   // Only async ops: a sync one has run, or is queued on the caller's own stream, when the call
   // returns. A captured op runs at replays, to which versions now say nothing.
   std::shared_ptr<InflightWriteCheck> writes;
   if (inflightWrites_ && launch.async && !captured) {
-    writes = inflightWrites_->watch(*info, launch.inputs, launch.outputs);
+    writes = inflightWrites_->watch(info, launch.inputs, launch.outputs);
+  }
+  if (options_->useDebugChecks()) {
+    checkSameOpOnEveryRank(info, launch);
+  }
+  injectTestFault(info, steps);
+  // Counted as in flight until the watchdog retires it (captured ops are never tracked).
+  stats_->launched(launch.opType, std::max(bytesOf(launch.inputs), bytesOf(launch.outputs)),
+                   /*tracked=*/!captured);
+
+  const c10::Stream opStream = launch.async ? device.internalStream() : current;
+  const bool blockHostOnWait = launch.blockHostOnWait || options_->useBlockingWait();
+  std::vector<at::Tensor> inUse;
+  if (launch.async) {
+    inUse = std::move(launch.inputs);
+    inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
+  }
+  auto work = c10::make_intrusive<Work>(std::move(info), launch.opType, path.device, opStream,
+                                        std::move(launch.outputs), timeout, blockHostOnWait,
+                                        watchdog_, std::move(future));
+  if (launch.sourceRank) {
+    work->reportSourceRank(launch.sourceRank);
+  }
+  if (writes) {
     work->checkWrites(writes);
   }
 
-  if (options_->useDebugChecks()) {
-    checkSameOpOnEveryRank(*info, launch);
-  }
-  injectTestFault(*info, steps);
-
-  const c10::Stream opStream = launch.async ? device.internalStream() : current;
   // A captured op's steps are shared with its Work, whose replays use the temporaries they
   // hold; any other op's go with its task alone.
   std::shared_ptr<const Steps> held;
@@ -563,24 +574,22 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   // Where the task runs when its stream reaches it (the host), its running is the op's start;
   // on CUDA it runs at issue, and the start is the start event's (the watchdog's to see).
   const bool startsWithTask = device.tasksRunInStreamOrder();
-  // The task holds its communicator, device and tensors until it has run, whatever the caller
-  // drops. A failure in it breaks the group: its ranks can no longer be assumed in step.
-  // Where writes are checked, the op's own are not the caller's: what its kernels bump is
-  // credited to the group, and what its communicator writes bumps no counter.
+  // The task holds its Work (the op's outcome), communicator and steps until it has run,
+  // whatever the caller drops. A failure in it breaks the group: its ranks can no longer be
+  // assumed in step. Where writes are checked, the op's own are not the caller's: what its
+  // kernels bump is credited to the group, and what its communicator writes bumps no counter.
   std::shared_ptr<Communicator> communicator = path.communicator;
   if (writes) {
     communicator = std::make_shared<UnversionedCommunicator>(std::move(communicator));
   }
-  // (Its failure names the group as the op's info does: by rank, size and name.)
-  auto task = [outcome, info = std::shared_ptr<const OpInfo>(std::move(info)), held,
-               steps = std::move(steps), communicator = std::move(communicator),
-               device = path.device, outputs = launch.outputs, opStream, watchdog = watchdog_,
-               startsWithTask, writes]() {
+  auto task = [work, held, steps = std::move(steps), communicator = std::move(communicator),
+               opStream, watchdog = watchdog_, startsWithTask, writes]() {
+    const OpInfo& info = work->info();
     try {
       if (startsWithTask) {
-        watchdog->health().recorder().started(info->traceId);
+        watchdog->health().recorder().started(info.traceId);
       }
-      Kernels kernels(*device, writes ? &writes->group() : nullptr);
+      Kernels kernels(work->device(), writes ? &writes->group() : nullptr);
       const Steps& run = held ? *held : steps;
       run.issue(*communicator, kernels, opStream);
       if (run.finish) {
@@ -589,18 +598,15 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
       if (writes) {
         writes->noteCompleted();  // before the future's callbacks, which may write the result
       }
-      outcome->succeed(outputs);  // completed is recorded when its end event has passed
+      work->succeed();  // completed is recorded when its end event has passed
     } catch (...) {
-      outcome->fail(*info, std::current_exception());
-      watchdog->health().recorder().failed(info->traceId,
+      work->fail(std::current_exception());
+      watchdog->health().recorder().failed(info.traceId,
                                            describeException(std::current_exception()));
-      watchdog->breakGroup(*info, outcome->failure());
+      watchdog->breakGroup(info, work->exception());
     }
   };
 
-  // Counted as in flight until the watchdog retires it (captured ops are never tracked).
-  stats_->launched(launch.opType, std::max(bytesOf(launch.inputs), bytesOf(launch.outputs)),
-                   /*tracked=*/!captured);
   // Timed ops are timed on their stream, from an event before the op to its end event.
   const bool timed = options_->useTiming() && !captured;
   if (!launch.async) {
@@ -611,7 +617,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
     }
     device.enqueue(current, std::move(task));
     // A sync op has been issued (CUDA) or has run (host): a failure so far is raised here.
-    if (auto failure = outcome->failure()) {
+    if (auto failure = work->exception()) {
       if (!captured) {
         watchdog_->track(work);  // so that its end is counted, as failed
       }
@@ -642,8 +648,6 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   device.enqueue(opStream, std::move(task));
   auto end = timed ? device.createTimedEvent() : device.createEvent();
   end->record(opStream);
-  std::vector<at::Tensor> inUse = std::move(launch.inputs);
-  inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
   work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);
   if (captured) {
     // The graph's kernels use the tensors, the factor and the temporaries at every replay; on
@@ -655,6 +659,10 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   }
   watchdog_->track(work);
   return work;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> ProcessGroup::makeFuture(const Device& device) {
+  return c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device.futureDevices());
 }
 
 void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, const Launch& launch) {
@@ -756,7 +764,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
                  }};
   return launch({"coalesced", c10d::OpType::COALESCED, shapeOf, std::move(group.inputs),
                  std::move(group.outputs), /*async=*/true, c10d::kUnsetTimeout},
-                *group.path, std::move(combined), group.outcome);
+                *group.path, std::move(combined), group.future);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()>& record) {
@@ -775,7 +783,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()
   if (outer) {
     return endCoalescing();
   }
-  return c10d::Work::create_from_future(coalescing_->outcome->future());
+  return c10d::Work::create_from_future(coalescing_->future);
 }
 
 c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) const {

@@ -243,7 +243,8 @@ class ProcessGroup final : public c10d::Backend {
     std::vector<Steps> steps;
     std::vector<at::Tensor> inputs;
     std::vector<at::Tensor> outputs;
-    std::shared_ptr<OpOutcome> outcome;
+    // Handed out by every op of the group as it is recorded; the group's launch completes it.
+    c10::intrusive_ptr<c10::ivalue::Future> future;
   };
 
   Path& pathFor(const c10::Device& device, const char* op);
@@ -276,11 +277,14 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit(Launch launch, Path& path, Steps steps);
   // When something observes ops (torch.profiler), wraps issue() in a record_param_comms range
   // carrying the op's metadata, as ProcessGroupNCCL does; else it is issue().
+  // `future`: see Work's constructor.
   c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Steps steps,
-                                  std::shared_ptr<OpOutcome> outcome = nullptr);
+                                  c10::intrusive_ptr<c10::ivalue::Future> future = {});
   // Issues the op following the stream contract (Device.hpp).
   c10::intrusive_ptr<Work> issue(Launch launch, Path& path, Steps steps,
-                                 std::shared_ptr<OpOutcome> outcome);
+                                 c10::intrusive_ptr<c10::ivalue::Future> future);
+  // A future for an op's outputs on `device`, not yet completed.
+  static c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const Device& device);
   // Counts the op in its sequence and records it in the flight recorder; returns its record
   // id (-1 when the recorder is off).
   int64_t trace(const Launch& launch, std::chrono::milliseconds timeout);

@@ -4,6 +4,7 @@
 #include "core/GroupThreads.hpp"
 
 #include <c10/util/Logging.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
@@ -202,17 +203,24 @@ void Watchdog::settle(Works& faulted) {
 
 void Watchdog::releaseCompleted() {
   Works faulted;
-  Works released;
+  // Moved out rather than swapped: `ended_` keeps its capacity, so that the next op's end is
+  // recorded without an allocation (this runs at every launch).
+  c10::SmallVector<c10::intrusive_ptr<Work>, 4> released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     collectEnded(faulted);
-    released.swap(ended_);
+    released.append(std::make_move_iterator(ended_.begin()), std::make_move_iterator(ended_.end()));
+    ended_.clear();
   }
   settle(faulted);
   for (auto& work : released) {
     work->releaseTensors();
   }
-  // `released` goes here, with the last references the group held.
+  // The last references the group held go in launch order (what a Work's end logs, the
+  // in-flight write check's one warning, names the earliest op).
+  for (auto& work : released) {
+    work.reset();
+  }
 }
 
 void Watchdog::check() {

@@ -6,31 +6,69 @@
 
 namespace streamnccl {
 
-OpOutcome::OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevices)
-    : future_(c10::make_intrusive<c10::ivalue::Future>(std::move(valueType),
-                                                       std::move(futureDevices))) {}
+namespace {
 
-void OpOutcome::succeed(const std::vector<at::Tensor>& outputs) {
-  if (!settled_.exchange(true)) {
-    future_->markCompleted(c10::IValue(outputs));
+const c10::TypePtr& tensorListType() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
+
+}  // namespace
+
+Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device, c10::Stream opStream,
+           std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,
+           std::weak_ptr<Watchdog> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future)
+    : c10d::Work(info.rank, opType),
+      info_(std::move(info)),
+      device_(std::move(device)),
+      opStream_(opStream),
+      outputs_(std::move(outputs)),
+      timeout_(timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout),
+      blockHostOnWait_(blockHostOnWait),
+      watchdog_(std::move(watchdog)),
+      future_(std::move(future)) {}
+
+void Work::succeed() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (settled_ != Settled::No) {
+      return;
+    }
+    settled_ = Settled::Succeeded;
+    future = future_;
+  }
+  if (future) {  // outside the lock: completing runs the future's callbacks
+    future->markCompleted(c10::IValue(outputs_));
   }
 }
 
-void OpOutcome::fail(const OpInfo& info, std::exception_ptr cause) {
-  auto error = makeDistBackendError(info.describe() + ": " + describeException(cause));
+void Work::fail(std::exception_ptr cause) {
+  auto error = makeDistBackendError(info_.describe() + ": " + describeException(cause));
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_) {
       failure_ = error;
       failed_.store(true, std::memory_order_release);
     }
+    if (settled_ != Settled::No) {
+      return;
+    }
+    settled_ = Settled::Failed;
+    future = future_;
   }
-  if (!settled_.exchange(true)) {
-    future_->setError(error);
+  if (future) {
+    future->setError(error);
   }
 }
 
-std::exception_ptr OpOutcome::failure() const {
+void Work::fail(const std::string& reason) {
+  fail(std::make_exception_ptr(std::runtime_error(reason)));
+}
+
+std::exception_ptr Work::exception() const {
   if (!failed_.load(std::memory_order_acquire)) {  // asked after every op: no lock to say so
     return nullptr;
   }
@@ -38,35 +76,22 @@ std::exception_ptr OpOutcome::failure() const {
   return failure_;
 }
 
-Work::Work(std::shared_ptr<const OpInfo> info, c10d::OpType opType, std::shared_ptr<Device> device,
-           std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
-           std::chrono::milliseconds timeout, bool blockHostOnWait,
-           std::weak_ptr<Watchdog> watchdog)
-    : c10d::Work(info->rank, opType),
-      info_(std::move(info)),
-      device_(std::move(device)),
-      outcome_(std::move(outcome)),
-      outputs_(std::move(outputs)),
-      timeout_(timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout),
-      blockHostOnWait_(blockHostOnWait),
-      watchdog_(std::move(watchdog)) {}
-
-void Work::fail(const std::string& reason) {
-  outcome_->fail(*info_, std::make_exception_ptr(std::runtime_error(reason)));
-}
-
 void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait) {
   end_ = std::move(end);
   joinOnWait_ = joinOnWait;
+  if (inUse.empty()) {
+    return;  // a sync op: nothing to hold, nor a lock to take for it
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   inUse_ = std::move(inUse);
+  holding_.store(true, std::memory_order_release);
 }
 
 void Work::markCaptured(std::shared_ptr<const void> temporaries) {
   captured_ = true;
   std::lock_guard<std::mutex> lock(mutex_);
   temporaries_ = std::move(temporaries);
+  holding_.store(true, std::memory_order_release);
 }
 
 Work::EndState Work::pollEnd() {
@@ -118,7 +143,7 @@ std::exception_ptr Work::deviceError() const {
 
 void Work::failWithDeviceError() {
   if (auto error = deviceError()) {
-    outcome_->fail(*info_, error);
+    fail(error);
   }
 }
 
@@ -136,9 +161,7 @@ bool Work::isCompleted() {
   return state != EndState::Pending;
 }
 
-bool Work::isSuccess() const { return outcome_->failure() == nullptr; }
-
-std::exception_ptr Work::exception() const { return outcome_->failure(); }
+bool Work::isSuccess() const { return exception() == nullptr; }
 
 std::vector<at::Tensor> Work::result() { return outputs_; }
 
@@ -146,8 +169,8 @@ void Work::refuseWaitInsideCapture(const c10::Stream& current) {
   // CUDA refuses a captured stream's wait on an event recorded outside the capture
   // (cudaErrorStreamCaptureIsolation), and the thread may not query events then: say what to
   // do instead.
-  STREAMNCCL_CHECK_ARG(captured_ || !device_->isCapturing(current), info_->name, "wait() on op #",
-                       info_->seq,
+  STREAMNCCL_CHECK_ARG(captured_ || !device_->isCapturing(current), info_.name, "wait() on op #",
+                       info_.seq,
                        " inside a CUDA graph capture, but the op was launched before the "
                        "capture began: a captured stream cannot wait for work outside the graph "
                        "(cudaErrorStreamCaptureIsolation); wait() for it before the capture");
@@ -181,8 +204,8 @@ bool Work::wait(std::chrono::milliseconds timeout) {
     throw;  // the op's failure, or its timeout
   } catch (const c10::Error&) {
     // A CUDA error on the way (a sticky one fails every call): the op's device failed.
-    outcome_->fail(*info_, std::current_exception());
-    std::rethrow_exception(outcome_->failure());
+    fail(std::current_exception());
+    std::rethrow_exception(exception());
   }
   // Outside the try: a write found is the caller's error, not the device's.
   if (writes_) {
@@ -199,7 +222,7 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
     if (pollEnd() == EndState::DeviceError) {
       // The device failed (a CUDA error looking at the op): nothing more is issued to it.
       failWithDeviceError();
-      std::rethrow_exception(outcome_->failure());
+      std::rethrow_exception(exception());
     }
   }
   if (end_ && !captured_ && (blockHostOnWait_ || timeout != kNoTimeout)) {
@@ -208,10 +231,10 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
       // The ranks are no longer known to be in step: the group breaks, as at the watchdog's
       // deadline, and its communicators are aborted rather than left waiting.
       auto error =
-          makeDistBackendError(info_->describe() + ": not completed within the timeout of " +
+          makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
                                std::to_string(limit.count()) + " ms");
       if (auto watchdog = watchdog_.lock()) {
-        watchdog->breakGroup(*info_, error);
+        watchdog->breakGroup(info_, error);
       }
       std::rethrow_exception(error);
     }
@@ -221,7 +244,7 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
   // A captured op's go once joined: later work on the caller's stream, in the graph too, then
   // runs after the op.
   synchronize();
-  if (auto failure = outcome_->failure()) {
+  if (auto failure = exception()) {
     std::rethrow_exception(failure);
   }
 }
@@ -235,7 +258,7 @@ bool Work::waitForEnd(std::chrono::milliseconds limit) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (end_->synchronize(std::max(std::chrono::milliseconds(0), std::min(left, kSlice))) ||
-        outcome_->failure()) {
+        exception()) {
       return true;
     }
     if (left <= std::chrono::milliseconds(0)) {
@@ -250,7 +273,33 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
     // to make (DDP's comm hooks write the result in one).
     writes_->noteCompletionVisible();
   }
-  return outcome_->future();
+  std::exception_ptr settledWith;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (future_) {
+      return future_;
+    }
+    if (settled_ == Settled::No) {  // the op's settling completes it
+      future_ =
+          c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device_->futureDevices());
+      return future_;
+    }
+    settledWith = settled_ == Settled::Failed ? failure_ : nullptr;
+  }
+  // Settled already: made outside the lock (completing runs no callbacks yet, but on CUDA it
+  // records events), as the op settled; a failure after a success does not change it.
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  if (settledWith) {
+    future = c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device_->futureDevices());
+    future->setError(settledWith);
+  } else {
+    future = device_->completedFuture(opStream_, tensorListType(), c10::IValue(outputs_));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!future_) {  // another thread asking at the same time made one first: that one it is
+    future_ = std::move(future);
+  }
+  return future_;
 }
 
 std::optional<double> Work::durationMs() const {
@@ -261,28 +310,33 @@ std::optional<double> Work::durationMs() const {
 }
 
 float Work::getDuration() const {
-  STREAMNCCL_CHECK_ARG(start_ && !captured_, info_->name,
+  STREAMNCCL_CHECK_ARG(start_ && !captured_, info_.name,
                        "get_duration() needs timing, which is off for this op: create the group "
                        "with streamnccl.Options(enable_timing=True) or set "
                        "STREAMNCCL_ENABLE_TIMING=1",
                        captured_ ? " (an op captured into a CUDA graph is never timed)" : "");
   const auto duration = durationMs();
   STREAMNCCL_CHECK_ARG(
-      duration, info_->name,
+      duration, info_.name,
       "get_duration() is known once the op has completed (work.is_completed() is True)");
   return static_cast<float>(*duration);
 }
 
 int Work::sourceRank() const {
-  STREAMNCCL_CHECK_ARG(sender_, info_->name,
+  STREAMNCCL_CHECK_ARG(sender_, info_.name,
                        "sourceRank() names the sender of a recv from any source only");
   const int sender = sender_->load();
-  STREAMNCCL_CHECK_ARG(sender >= 0, info_->name,
+  STREAMNCCL_CHECK_ARG(sender >= 0, info_.name,
                        "the sender is known once the recv has completed; wait() first");
   return sender;
 }
 
 void Work::releaseTensors() {
+  // Set before the Work is shared with other threads: a sync op, which holds nothing, takes
+  // no lock here (called at its wait() and again at its retirement).
+  if (!holding_.load(std::memory_order_acquire)) {
+    return;
+  }
   std::vector<at::Tensor> tensors;
   std::shared_ptr<const void> temporaries;
   {

@@ -18,41 +18,31 @@ namespace streamnccl {
 class InflightWriteCheck;
 class Watchdog;
 
-// The outcome of one op, shared by its Work and by the task that runs it: the task may
-// outlive the Work (the caller dropped it) and the Work the task.
-class OpOutcome {
- public:
-  OpOutcome(at::TypePtr valueType, std::vector<c10::Device> futureDevices);
-
-  // Called by the task once it has issued the op's work, its own kernels included: marks the
-  // future completed (on CUDA with the op's stream current, so the future's events follow the
-  // whole op).
-  void succeed(const std::vector<at::Tensor>& outputs);
-  void fail(const OpInfo& info, std::exception_ptr cause);
-  // Whichever of succeed() and fail() comes first settles the future; a later fail() (the
-  // watchdog's, then the task's own) still records its error if none was.
-
-  // The DistBackendError the op failed with, or null.
-  std::exception_ptr failure() const;
-  const c10::intrusive_ptr<c10::ivalue::Future>& future() const { return future_; }
-
- private:
-  mutable std::mutex mutex_;
-  std::exception_ptr failure_;
-  std::atomic<bool> failed_{false};  // failure_ is set
-  std::atomic<bool> settled_{false};
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
 // The handle c10d returns to Python for one op. See the stream contract in Device.hpp for
 // what wait() does, and what the Work holds for how long (rule 5).
+//
+// It is also the op's outcome, which its task settles: the task holds the Work until it has
+// run, whatever the caller drops, so that one object per op carries its description, its end
+// and its future (one allocation, where apart they were three).
 class Work : public c10d::Work {
  public:
-  // `watchdog`: the group's, which a wait(timeout) that expires breaks.
-  // `info` is shared with the op's task, which names the op in its messages too.
-  Work(std::shared_ptr<const OpInfo> info, c10d::OpType opType, std::shared_ptr<Device> device,
-       std::shared_ptr<OpOutcome> outcome, std::vector<at::Tensor> outputs,
-       std::chrono::milliseconds timeout, bool blockHostOnWait, std::weak_ptr<Watchdog> watchdog);
+  // `opStream`: the stream the op is issued on. `watchdog`: the group's, which a
+  // wait(timeout) that expires breaks. `future`: one handed out before the op was issued (a
+  // coalesced group's), which the op completes; otherwise the future is made when first asked
+  // for (getFuture()): most ops are waited on and never asked, and a future completed for
+  // each costs three allocations and its completion on the launch path.
+  Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device, c10::Stream opStream,
+       std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,
+       std::weak_ptr<Watchdog> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future);
+
+  // Called by the task once it has issued the op's work, its own kernels included; on CUDA with
+  // the op's stream current, so that a future already asked for follows the whole op.
+  void succeed();
+  // Fails the op with `cause`, from its task or from outside it (the watchdog at the deadline,
+  // the group breaking, a device error). Whichever of succeed() and fail() comes first settles
+  // the future; a later fail() still records its error if none was.
+  void fail(std::exception_ptr cause);
+  void fail(const std::string& reason);
 
   // The event after the op on its stream, and every tensor the op touches, held until that
   // event has passed. `joinOnWait`: wait() makes the caller's stream wait for `end` (async
@@ -78,7 +68,7 @@ class Work : public c10d::Work {
   void synchronize() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
-  uint64_t getSequencenumber() const override { return info_->seq; }
+  uint64_t getSequencenumber() const override { return info_.seq; }
   // Milliseconds from the op's start to its end on its stream; raises unless the op is timed
   // and has completed.
   float getDuration() const override;
@@ -108,9 +98,9 @@ class Work : public c10d::Work {
   void releaseTensors();
   // Whether a captured op has been joined by wait(), after which nothing of it is held.
   bool joined() const { return joined_.load(); }
-  // Fails the op from outside its task (the watchdog, at the deadline; the group, breaking).
-  void fail(const std::string& reason);
-  const OpInfo& info() const { return *info_; }
+  const OpInfo& info() const { return info_; }
+  Device& device() const { return *device_; }
+  const std::vector<at::Tensor>& outputs() const { return outputs_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
@@ -125,9 +115,9 @@ class Work : public c10d::Work {
   // wait()'s steps; raises the op's failure, and whatever the device raised.
   void waitOrRaise(std::chrono::milliseconds timeout);
 
-  const std::shared_ptr<const OpInfo> info_;
+  const OpInfo info_;
   const std::shared_ptr<Device> device_;
-  const std::shared_ptr<OpOutcome> outcome_;
+  const c10::Stream opStream_;
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   const std::chrono::steady_clock::time_point deadline_;
@@ -146,7 +136,13 @@ class Work : public c10d::Work {
   std::atomic<bool> retired_{false};
   std::atomic<bool> joined_{false};
   std::atomic<bool> faulted_{false};  // deviceError_ is set
-  mutable std::mutex mutex_;          // guards what follows
+  std::atomic<bool> failed_{false};   // failure_ is set: read after every op, without the lock
+  std::atomic<bool> holding_{false};  // inUse_ or temporaries_ was given (setEnd, markCaptured)
+  enum class Settled : uint8_t { No, Succeeded, Failed };
+  mutable std::mutex mutex_;  // guards what follows
+  Settled settled_ = Settled::No;
+  std::exception_ptr failure_;  // the first failure, even one after a success
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::vector<at::Tensor> inUse_;
   std::shared_ptr<const void> temporaries_;
   std::exception_ptr deviceError_;

@@ -20,17 +20,16 @@ struct EventState {
   ~EventState() { pool->give(event); }
 
   // `failed`: the record itself failed, so there is nothing to wait for. Waiters are woken
-  // only when there are some: most records (the group's own streams) are issued at once and
-  // never waited for, and this runs on every op's launch path.
+  // only when there are some, and the lock is taken only then: most records (the group's own
+  // streams) are issued at once and never waited for, and this runs on every op's launch path.
+  // No wake-up is lost: a waiter counts itself before it reads `recorded` (both sequentially
+  // consistent), so either it sees the record or this sees the waiter, and then notifies under
+  // the lock the waiter holds until it sleeps.
   void markRecorded(bool failed) {
-    bool wake = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      recordFailed = failed;
-      recorded.store(true, std::memory_order_release);
-      wake = waiters > 0;
-    }
-    if (wake) {
+    recordFailed = failed;
+    recorded.store(true);
+    if (waiters.load() > 0) {
+      { std::lock_guard<std::mutex> lock(mutex); }
       changed.notify_all();
     }
   }
@@ -62,9 +61,9 @@ struct EventState {
   const cudaEvent_t event;
   std::mutex mutex;
   std::condition_variable changed;
-  int waiters = 0;                    // threads waiting on `changed`; guarded by `mutex`
+  std::atomic<int> waiters{0};        // threads waiting on `changed`; changed under `mutex`
   std::atomic<bool> recorded{false};  // issued: its record on a gated stream may come later
-  bool recordFailed = false;          // set (under `mutex`) before `recorded`
+  bool recordFailed = false;          // set before `recorded`, read after it
 };
 
 // Queries in thread-local capture mode: a query from a thread that is not capturing must not
@@ -308,6 +307,18 @@ void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
     CurrentStreamGuard guard(*cuda, stream);
     task();
   });
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CudaDevice::completedFuture(c10::Stream stream,
+                                                                    const c10::TypePtr& type,
+                                                                    c10::IValue value) {
+  // At once, past the gate: the op's task has run, so its work is on `stream` already, and
+  // later work the gate still holds need not be waited for.
+  auto onDevice = cuda_->useDevice(device_);
+  CurrentStreamGuard guard(*cuda_, stream);
+  auto future = c10::make_intrusive<c10::ivalue::Future>(type, cuda_->futureDevices(device_));
+  future->markCompleted(std::move(value));
+  return future;
 }
 
 bool CudaDevice::isCapturing(c10::Stream stream) {

@@ -80,6 +80,9 @@ class CudaDevice final : public Device {
   // The op's future records its events on this device's current stream when it completes
   // (inside the task: the op's stream), and a then() callback or wait() waits for them.
   std::vector<c10::Device> futureDevices() const override { return cuda_->futureDevices(device_); }
+  c10::intrusive_ptr<c10::ivalue::Future> completedFuture(c10::Stream stream,
+                                                          const c10::TypePtr& type,
+                                                          c10::IValue value) override;
   bool isCapturing(c10::Stream stream) override;
 
   // A lane's device: until `gate` opens (its communicator has connected), what is issued for

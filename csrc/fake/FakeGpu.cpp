@@ -402,13 +402,13 @@ std::vector<std::string> FakeGpu::ran() const {
 void FakeGpu::noteFutureDevice(const c10::Device& device) {
   Lock lock(world_->mutex());
   if (indexOf(device) == deviceIndex_) {
-    ++futuresNamingDevice_;
+    futureStreams_.push_back(currentStream());
   }
 }
 
-int FakeGpu::futuresNamingDevice() const {
+std::vector<StreamId> FakeGpu::futureStreams() const {
   Lock lock(world_->mutex());
-  return futuresNamingDevice_;
+  return futureStreams_;
 }
 
 }  // namespace streamnccl::fake

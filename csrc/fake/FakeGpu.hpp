@@ -166,10 +166,12 @@ class FakeGpu {
   void write(const at::Tensor& tensor, double value);
   // What ran, in order: "S1 ncclAllReduce", "S1 copy_", ...
   std::vector<std::string> ran() const;
-  // The NCCL path asked for a future naming `device` (CudaApi::futureDevices): counted, since
-  // a future over the fake's CPU tensors cannot name it.
+  // The NCCL path asked for a future naming `device` (CudaApi::futureDevices): noted, with the
+  // calling thread's current stream (where c10 would record the future's events once it is
+  // completed), since a future over the fake's CPU tensors cannot name it.
   void noteFutureDevice(const c10::Device& device);
-  int futuresNamingDevice() const;
+  // The current stream at each such request, in order.
+  std::vector<StreamId> futureStreams() const;
 
  private:
   friend class FakeNcclWorld;
@@ -267,7 +269,7 @@ class FakeGpu {
   std::map<std::string, std::string> cudaFaults_;  // call -> error, once
   std::string stickyFault_;
   std::vector<std::string> ran_;
-  int futuresNamingDevice_ = 0;
+  std::vector<StreamId> futureStreams_;  // see noteFutureDevice()
   uint64_t replaysMade_ = 0;
   StreamId graphStreamsMade_ = 0;
   // Per replay and block: the latest allocation of the block a replayed item has used. A
