@@ -19,8 +19,8 @@ namespace {
 // until the task ends, as NCCL reads them at the group's end.
 void issueReduceScatter(Communicator& comm, Kernels& kernels, c10::Stream stream,
                         const at::Tensor& whole, const at::Tensor& output,
-                        const lowering::Reduction& reduction, const lowering::Scratch& scratch) {
-  auto [in, result] = std::tie((*scratch)[0], (*scratch)[1]);
+                        const lowering::Reduction& reduction, lowering::Pair& scratch) {
+  auto& [in, result] = scratch;
   in = lowering::premultiplied(kernels, whole, reduction);
   result = kernels.contiguous(output);
   comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(result),
@@ -29,9 +29,9 @@ void issueReduceScatter(Communicator& comm, Kernels& kernels, c10::Stream stream
 
 // Their finish step: the reduction finished (AVG, premul fallbacks) and copied to `output`.
 void finishReduceScatter(Kernels& kernels, const at::Tensor& output,
-                         const lowering::Reduction& reduction, const lowering::Scratch& scratch,
+                         const lowering::Reduction& reduction, const lowering::Pair& scratch,
                          int size) {
-  const at::Tensor& result = (*scratch)[1];
+  const at::Tensor& result = scratch[1];
   lowering::finishReduction(kernels, lowering::reductionBuffer(result), reduction, size);
   lowering::copyBack(kernels, output, result);
 }
@@ -48,20 +48,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
       lowering::reduction(op, opts.reduceOp, tensor, *path.communicator, callers);
   const int size = getSize();
   // The result is computed in `work` (the tensor itself when possible) and copied back.
-  auto work = std::make_shared<at::Tensor>();
   return submit(
       {op, c10d::OpType::ALLREDUCE, tensor, reduction.withFactors(tensors), tensors, opts.asyncOp,
        opts.timeout},
       path,
-      {[tensor, reduction, work](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         *work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
-         const at::Tensor buffer = lowering::reductionBuffer(*work);
-         comm.allReduce(buffer, buffer, reduction.communicatorOp(), stream);
-       },
-       [tensor, reduction, work, size](Kernels& kernels) {
-         lowering::finishReduction(kernels, lowering::reductionBuffer(*work), reduction, size);
-         lowering::copyBack(kernels, tensor, *work);
-       }});
+      Steps::over<at::Tensor>(
+          [tensor, reduction](at::Tensor& work, Communicator& comm, Kernels& kernels,
+                              c10::Stream stream) {
+            work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
+            const at::Tensor buffer = lowering::reductionBuffer(work);
+            comm.allReduce(buffer, buffer, reduction.communicatorOp(), stream);
+          },
+          [tensor, reduction, size](at::Tensor& work, Kernels& kernels) {
+            lowering::finishReduction(kernels, lowering::reductionBuffer(work), reduction, size);
+            lowering::copyBack(kernels, tensor, work);
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_coalesced(
@@ -84,15 +85,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& 
                        ", expected 0 (one tensor per process)");
   Path& path = pathFor(tensor.device(), op);
   const int root = static_cast<int>(opts.rootRank);
-  auto work = std::make_shared<at::Tensor>();
   return submit({op, c10d::OpType::BROADCAST, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
                 path,
-                {[tensor, root, work](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-                   *work = kernels.contiguous(tensor);
-                   const at::Tensor buffer = lowering::bytes(*work);
-                   comm.broadcast(buffer, buffer, root, stream);
-                 },
-                 [tensor, work](Kernels& kernels) { lowering::copyBack(kernels, tensor, *work); }});
+                Steps::over<at::Tensor>(
+                    [tensor, root](at::Tensor& work, Communicator& comm, Kernels& kernels,
+                                   c10::Stream stream) {
+                      work = kernels.contiguous(tensor);
+                      const at::Tensor buffer = lowering::bytes(work);
+                      comm.broadcast(buffer, buffer, root, stream);
+                    },
+                    [tensor](at::Tensor& work, Kernels& kernels) {
+                      lowering::copyBack(kernels, tensor, work);
+                    }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& tensors,
@@ -109,23 +113,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
   const int root = static_cast<int>(opts.rootRank);
   const bool isRoot = root == getRank();
   const int size = getSize();
-  auto work = std::make_shared<at::Tensor>();
   return submit(
       {op, c10d::OpType::REDUCE, tensor, reduction.withFactors(tensors), tensors, opts.asyncOp,
        opts.timeout},
       path,
-      {[tensor, reduction, root, work](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         *work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
-         const at::Tensor buffer = lowering::reductionBuffer(*work);
-         comm.reduce(buffer, buffer, reduction.communicatorOp(), root, stream);
-       },
-       [tensor, reduction, work, size, isRoot](Kernels& kernels) {
-         // Only the root's tensor receives the result; the others keep their input.
-         if (isRoot) {
-           lowering::finishReduction(kernels, lowering::reductionBuffer(*work), reduction, size);
-           lowering::copyBack(kernels, tensor, *work);
-         }
-       }});
+      Steps::over<at::Tensor>(
+          [tensor, reduction, root](at::Tensor& work, Communicator& comm, Kernels& kernels,
+                                    c10::Stream stream) {
+            work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
+            const at::Tensor buffer = lowering::reductionBuffer(work);
+            comm.reduce(buffer, buffer, reduction.communicatorOp(), root, stream);
+          },
+          [tensor, reduction, size, isRoot](at::Tensor& work, Kernels& kernels) {
+            // Only the root's tensor receives the result; the others keep their input.
+            if (isRoot) {
+              lowering::finishReduction(kernels, lowering::reductionBuffer(work), reduction, size);
+              lowering::copyBack(kernels, tensor, work);
+            }
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
@@ -137,23 +142,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
       checks::rankList(op, "output_tensor_list", outputTensors, input, getSize());
   Path& path = pathFor(input.device(), op);
   const int size = getSize();
-  auto scratch = lowering::makeScratch(2);  // the dense input, the gathered buffer
   return submit(
       {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
-      {[input, size, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         auto [dense, gathered] = std::tie((*scratch)[0], (*scratch)[1]);
-         dense = kernels.contiguous(input);
-         // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
-         gathered = at::empty({size * dense.numel()}, dense.options());
-         comm.allGather(lowering::bytes(dense), lowering::bytes(gathered), stream);
-       },
-       [outputs, size, scratch](Kernels& kernels) {
-         const at::Tensor& gathered = (*scratch)[1];
-         const int64_t count = gathered.numel() / size;
-         for (const auto r : c10::irange(size)) {
-           kernels.copy(outputs[r], gathered.narrow(0, r * count, count).view(outputs[r].sizes()));
-         }
-       }});
+      // The scratch: the dense input, the gathered buffer.
+      Steps::over<lowering::Pair>(
+          [input, size](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+                        c10::Stream stream) {
+            auto& [dense, gathered] = scratch;
+            dense = kernels.contiguous(input);
+            // Allocated inside the task, so on CUDA the allocator ties it to the op's stream.
+            gathered = at::empty({size * dense.numel()}, dense.options());
+            comm.allGather(lowering::bytes(dense), lowering::bytes(gathered), stream);
+          },
+          [outputs, size](lowering::Pair& scratch, Kernels& kernels) {
+            const at::Tensor& gathered = scratch[1];
+            const int64_t count = gathered.numel() / size;
+            for (const auto r : c10::irange(size)) {
+              kernels.copy(outputs[r],
+                           gathered.narrow(0, r * count, count).view(outputs[r].sizes()));
+            }
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_coalesced(
@@ -184,19 +192,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputT
   Path& path = pathFor(inputTensor.device(), op);
   const at::Tensor input = inputTensor;
   const at::Tensor output = outputTensor;
-  auto scratch = lowering::makeScratch(2);  // the dense input, the output computed in
   return submit(
       {op, c10d::OpType::_ALLGATHER_BASE, input, {input}, {output}, opts.asyncOp, opts.timeout},
       path,
-      {[input, output, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         auto [dense, result] = std::tie((*scratch)[0], (*scratch)[1]);
-         dense = kernels.contiguous(input);
-         result = kernels.contiguous(output);
-         comm.allGather(lowering::bytes(dense), lowering::bytes(result), stream);
-       },
-       [output, scratch](Kernels& kernels) {
-         lowering::copyBack(kernels, output, (*scratch)[1]);
-       }});
+      // The scratch: the dense input, the output computed in.
+      Steps::over<lowering::Pair>(
+          [input, output](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+                          c10::Stream stream) {
+            auto& [dense, result] = scratch;
+            dense = kernels.contiguous(input);
+            result = kernels.contiguous(output);
+            comm.allGather(lowering::bytes(dense), lowering::bytes(result), stream);
+          },
+          [output](lowering::Pair& scratch, Kernels& kernels) {
+            lowering::copyBack(kernels, output, scratch[1]);
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_tensor_coalesced(
@@ -222,7 +232,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
   const at::Tensor input = inputTensor;
   const at::Tensor output = outputTensor;
   const int size = getSize();
-  auto scratch = lowering::makeScratch(2);  // the dense input, the output computed in
   return submit({op,
                  c10d::OpType::_REDUCE_SCATTER_BASE,
                  input,
@@ -231,14 +240,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
                  opts.asyncOp,
                  opts.timeout},
                 path,
-                {[input, output, reduction, scratch](Communicator& comm, Kernels& kernels,
-                                                     c10::Stream stream) {
-                   issueReduceScatter(comm, kernels, stream, kernels.contiguous(input), output,
-                                      reduction, scratch);
-                 },
-                 [output, reduction, scratch, size](Kernels& kernels) {
-                   finishReduceScatter(kernels, output, reduction, scratch, size);
-                 }});
+                // The scratch: the dense input, the output computed in.
+                Steps::over<lowering::Pair>(
+                    [input, output, reduction](lowering::Pair& scratch, Communicator& comm,
+                                               Kernels& kernels, c10::Stream stream) {
+                      issueReduceScatter(comm, kernels, stream, kernels.contiguous(input), output,
+                                         reduction, scratch);
+                    },
+                    [output, reduction, size](lowering::Pair& scratch, Kernels& kernels) {
+                      finishReduceScatter(kernels, output, reduction, scratch, size);
+                    }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
@@ -253,23 +264,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
   const auto reduction =
       lowering::reduction(op, opts.reduceOp, output, *path.communicator, callers);
   const int size = getSize();
-  auto scratch = lowering::makeScratch(2);  // the concatenated input, the output computed in
   return submit({op, c10d::OpType::REDUCE_SCATTER, output, reduction.withFactors(inputs),
                  outputTensors, opts.asyncOp, opts.timeout},
                 path,
-                {[inputs, output, reduction, scratch](Communicator& comm, Kernels& kernels,
-                                                      c10::Stream stream) {
-                   std::vector<at::Tensor> dense;
-                   dense.reserve(inputs.size());
-                   for (const auto& input : inputs) {
-                     dense.push_back(kernels.contiguous(input));
-                   }
-                   issueReduceScatter(comm, kernels, stream, kernels.concatenate(dense), output,
-                                      reduction, scratch);
-                 },
-                 [output, reduction, scratch, size](Kernels& kernels) {
-                   finishReduceScatter(kernels, output, reduction, scratch, size);
-                 }});
+                // The scratch: the concatenated input, the output computed in.
+                Steps::over<lowering::Pair>(
+                    [inputs, output, reduction](lowering::Pair& scratch, Communicator& comm,
+                                                Kernels& kernels, c10::Stream stream) {
+                      std::vector<at::Tensor> dense;
+                      dense.reserve(inputs.size());
+                      for (const auto& input : inputs) {
+                        dense.push_back(kernels.contiguous(input));
+                      }
+                      issueReduceScatter(comm, kernels, stream, kernels.concatenate(dense), output,
+                                         reduction, scratch);
+                    },
+                    [output, reduction, size](lowering::Pair& scratch, Kernels& kernels) {
+                      finishReduceScatter(kernels, output, reduction, scratch, size);
+                    }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_tensor_coalesced(

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -31,13 +32,12 @@ struct Reduction {
 };
 
 // The temporaries an op's issue step makes for the communicator (contiguous copies, gathered
-// or concatenated buffers), kept by the op's steps until its task ends: inside a group NCCL
-// reads them only at ncclGroupEnd, and a temporary freed before would be handed by the
-// caching allocator to the next allocation on the same stream, whose kernels run first.
-using Scratch = std::shared_ptr<std::vector<at::Tensor>>;
-inline Scratch makeScratch(size_t count) {
-  return std::make_shared<std::vector<at::Tensor>>(count);
-}
+// or concatenated buffers), kept by the op's steps (ProcessGroup::Steps::over) until its task
+// ends: inside a group NCCL reads them only at ncclGroupEnd, and a temporary freed before
+// would be handed by the caching allocator to the next allocation on the same stream, whose
+// kernels run first. One (an at::Tensor), two, or as many as the op needs.
+using Pair = std::array<at::Tensor, 2>;
+using Many = std::vector<at::Tensor>;
 
 // Validates `reduceOp` for `dtype` on `communicator` (raising at the call, naming `op`) and
 // lowers it: AVG to SUM and a division where the communicator cannot average; PREMUL_SUM to

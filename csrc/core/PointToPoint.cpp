@@ -67,17 +67,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
   // group's stream; alone, it runs on its lane to the peer.
   Path& path = coalescing_ ? pathFor(tensor.device(), op)
                            : laneFor(tensor.device(), dstRank, Direction::Send, op);
-  auto scratch = lowering::makeScratch(1);
   // Point-to-point ops carry no async flag in c10d: they run as async ops and dist.send waits.
   Launch launch{op, c10d::OpType::SEND, tensor, tensors, {}, /*async=*/true, c10d::kUnsetTimeout};
   launch.peer = dstRank;
-  return submit(
-      std::move(launch), path,
-      {[tensor, dstRank, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         (*scratch)[0] = kernels.contiguous(tensor);
-         comm.send(lowering::bytes((*scratch)[0]), dstRank, stream);
-       },
-       nullptr});
+  return submit(std::move(launch), path,
+                Steps::over<at::Tensor>(
+                    [tensor, dstRank](at::Tensor& scratch, Communicator& comm, Kernels& kernels,
+                                      c10::Stream stream) {
+                      scratch = kernels.contiguous(tensor);
+                      comm.send(lowering::bytes(scratch), dstRank, stream);
+                    },
+                    nullptr));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -87,18 +87,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
   checks::peerInRange(op, "src", srcRank, getSize());
   Path& path = coalescing_ ? pathFor(tensor.device(), op)
                            : laneFor(tensor.device(), srcRank, Direction::Receive, op);
-  auto scratch = lowering::makeScratch(1);
   Launch launch{op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
   launch.peer = srcRank;
-  return submit(
-      std::move(launch), path,
-      {[tensor, srcRank, scratch](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         (*scratch)[0] = kernels.contiguous(tensor);
-         comm.recv(lowering::bytes((*scratch)[0]), srcRank, stream);
-       },
-       [tensor, scratch](Kernels& kernels) {
-         lowering::copyBack(kernels, tensor, (*scratch)[0]);
-       }});
+  return submit(std::move(launch), path,
+                Steps::over<at::Tensor>(
+                    [tensor, srcRank](at::Tensor& scratch, Communicator& comm, Kernels& kernels,
+                                      c10::Stream stream) {
+                      scratch = kernels.contiguous(tensor);
+                      comm.recv(lowering::bytes(scratch), srcRank, stream);
+                    },
+                    [tensor](at::Tensor& scratch, Kernels& kernels) {
+                      lowering::copyBack(kernels, tensor, scratch);
+                    }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -108,20 +108,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tenso
   STREAMNCCL_CHECK_ARG(!coalescing_, op,
                        "a recv from any source cannot join a coalesced group; name the sender");
   Path& path = anySourceLaneFor(tensor.device(), op);
-  auto scratch = lowering::makeScratch(1);
   auto sender = std::make_shared<std::atomic<int>>(-1);
   Launch launch{
       op, c10d::OpType::RECVANYSOURCE, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
   launch.sourceRank = sender;
-  return submit(
-      std::move(launch), path,
-      {[tensor, scratch, sender](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         (*scratch)[0] = kernels.contiguous(tensor);
-         *sender = comm.recvFromAnySource(lowering::bytes((*scratch)[0]), stream);
-       },
-       [tensor, scratch](Kernels& kernels) {
-         lowering::copyBack(kernels, tensor, (*scratch)[0]);
-       }});
+  return submit(std::move(launch), path,
+                Steps::over<at::Tensor>(
+                    [tensor, sender](at::Tensor& scratch, Communicator& comm, Kernels& kernels,
+                                     c10::Stream stream) {
+                      scratch = kernels.contiguous(tensor);
+                      *sender = comm.recvFromAnySource(lowering::bytes(scratch), stream);
+                    },
+                    [tensor](at::Tensor& scratch, Kernels& kernels) {
+                      lowering::copyBack(kernels, tensor, scratch);
+                    }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
@@ -143,45 +143,46 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
         outputTensors.empty() ? 0 : outputTensors[0].size(), " tensors");
   }
   Path& path = pathFor(input.device(), op);
-  auto scratch = lowering::makeScratch(size + 1);
   return submit(
       {op, c10d::OpType::GATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
-      {[input, outputs, root, rank, size, scratch](Communicator& comm, Kernels& kernels,
-                                                   c10::Stream stream) {
-         // The buffers first, then one communicator group of their sends and recvs.
-         if (rank == root) {
-           for (const auto r : c10::irange(size)) {
-             if (r != root) {
-               (*scratch)[r] = kernels.contiguous(outputs[r]);
-             }
-           }
-         } else {
-           (*scratch)[size] = kernels.contiguous(input);
-         }
-         CommunicatorGroup group(comm);
-         if (rank == root) {
-           for (const auto r : c10::irange(size)) {
-             if (r != root) {
-               comm.recv(lowering::bytes((*scratch)[r]), r, stream);
-             }
-           }
-         } else {
-           comm.send(lowering::bytes((*scratch)[size]), root, stream);
-         }
-         group.end();
-       },
-       [input, outputs, root, rank, size, scratch](Kernels& kernels) {
-         if (rank != root) {
-           return;
-         }
-         for (const auto r : c10::irange(size)) {
-           if (r == root) {
-             kernels.copy(outputs[r], input.view(outputs[r].sizes()));
-           } else {
-             lowering::copyBack(kernels, outputs[r], (*scratch)[r]);
-           }
-         }
-       }});
+      Steps::over<lowering::Many>(
+          [input, outputs, root, rank, size](lowering::Many& scratch, Communicator& comm,
+                                             Kernels& kernels, c10::Stream stream) {
+            scratch.resize(size + 1);
+            // The buffers first, then one communicator group of their sends and recvs.
+            if (rank == root) {
+              for (const auto r : c10::irange(size)) {
+                if (r != root) {
+                  scratch[r] = kernels.contiguous(outputs[r]);
+                }
+              }
+            } else {
+              scratch[size] = kernels.contiguous(input);
+            }
+            CommunicatorGroup group(comm);
+            if (rank == root) {
+              for (const auto r : c10::irange(size)) {
+                if (r != root) {
+                  comm.recv(lowering::bytes(scratch[r]), r, stream);
+                }
+              }
+            } else {
+              comm.send(lowering::bytes(scratch[size]), root, stream);
+            }
+            group.end();
+          },
+          [input, outputs, root, rank, size](lowering::Many& scratch, Kernels& kernels) {
+            if (rank != root) {
+              return;
+            }
+            for (const auto r : c10::irange(size)) {
+              if (r == root) {
+                kernels.copy(outputs[r], input.view(outputs[r].sizes()));
+              } else {
+                lowering::copyBack(kernels, outputs[r], scratch[r]);
+              }
+            }
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
@@ -203,39 +204,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
         inputTensors.empty() ? 0 : inputTensors[0].size(), " tensors");
   }
   Path& path = pathFor(output.device(), op);
-  auto scratch = lowering::makeScratch(size + 1);
   return submit(
       {op, c10d::OpType::SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout}, path,
-      {[inputs, output, root, rank, size, scratch](Communicator& comm, Kernels& kernels,
-                                                   c10::Stream stream) {
-         if (rank == root) {
-           for (const auto r : c10::irange(size)) {
-             if (r != root) {
-               (*scratch)[r] = kernels.contiguous(inputs[r]);
-             }
-           }
-         } else {
-           (*scratch)[size] = kernels.contiguous(output);
-         }
-         CommunicatorGroup group(comm);
-         if (rank == root) {
-           for (const auto r : c10::irange(size)) {
-             if (r != root) {
-               comm.send(lowering::bytes((*scratch)[r]), r, stream);
-             }
-           }
-         } else {
-           comm.recv(lowering::bytes((*scratch)[size]), root, stream);
-         }
-         group.end();
-       },
-       [inputs, output, root, rank, size, scratch](Kernels& kernels) {
-         if (rank == root) {
-           kernels.copy(output, inputs[root].view(output.sizes()));
-         } else {
-           lowering::copyBack(kernels, output, (*scratch)[size]);
-         }
-       }});
+      Steps::over<lowering::Many>(
+          [inputs, output, root, rank, size](lowering::Many& scratch, Communicator& comm,
+                                             Kernels& kernels, c10::Stream stream) {
+            scratch.resize(size + 1);
+            if (rank == root) {
+              for (const auto r : c10::irange(size)) {
+                if (r != root) {
+                  scratch[r] = kernels.contiguous(inputs[r]);
+                }
+              }
+            } else {
+              scratch[size] = kernels.contiguous(output);
+            }
+            CommunicatorGroup group(comm);
+            if (rank == root) {
+              for (const auto r : c10::irange(size)) {
+                if (r != root) {
+                  comm.send(lowering::bytes(scratch[r]), r, stream);
+                }
+              }
+            } else {
+              comm.recv(lowering::bytes(scratch[size]), root, stream);
+            }
+            group.end();
+          },
+          [inputs, output, root, rank, size](lowering::Many& scratch, Kernels& kernels) {
+            if (rank == root) {
+              kernels.copy(output, inputs[root].view(output.sizes()));
+            } else {
+              lowering::copyBack(kernels, output, scratch[size]);
+            }
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTensor,
@@ -264,7 +266,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   // The exchange reads the input while it writes the output: an output over the input's memory
   // (all_to_all_single(x, x)) is received into a buffer of its own, then copied back.
   const bool outputOverInput = at::get_overlap_status(input, output) != at::MemOverlapStatus::No;
-  auto scratch = lowering::makeScratch(2);
   Launch launch{op,          c10d::OpType::ALLTOALL_BASE, input, {input}, {output}, opts.asyncOp,
                 opts.timeout};
   launch.inputSplitSizes = inputSplitSizes;
@@ -282,46 +283,51 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
       inBytes[r] = inSplits[r] * inRow;
       outBytes[r] = outSplits[r] * outRow;
     }
-    return submit(std::move(launch), path,
-                  {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-                     (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
-                     (*scratch)[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
-                     comm.allToAll((*scratch)[0], lowering::bytes((*scratch)[1]), inBytes, outBytes,
-                                   stream);
-                   },
-                   [=](Kernels& kernels) { lowering::copyBack(kernels, output, (*scratch)[1]); }});
+    return submit(
+        std::move(launch), path,
+        Steps::over<lowering::Pair>(
+            [=](lowering::Pair& scratch, Communicator& comm, Kernels& kernels, c10::Stream stream) {
+              scratch[0] = lowering::bytes(kernels.contiguous(input));
+              scratch[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
+              comm.allToAll(scratch[0], lowering::bytes(scratch[1]), inBytes, outBytes, stream);
+            },
+            [=](lowering::Pair& scratch, Kernels& kernels) {
+              lowering::copyBack(kernels, output, scratch[1]);
+            }));
   }
   const auto inOffsets = offsetsOf(inSplits);
   const auto outOffsets = offsetsOf(outSplits);
   auto block = [](const at::Tensor& bytes, int64_t row, int64_t rows, int64_t rowBytes) {
     return bytes.narrow(0, row * rowBytes, rows * rowBytes);
   };
-  return submit(std::move(launch), path,
-                {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-                   (*scratch)[0] = lowering::bytes(kernels.contiguous(input));
-                   (*scratch)[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
-                   const at::Tensor outBytes = lowering::bytes((*scratch)[1]);
-                   CommunicatorGroup group(comm);
-                   for (const auto r : c10::irange(size)) {
-                     if (r == rank) {
-                       continue;  // copied in finish
-                     }
-                     // Zero-row blocks are skipped on both sides: the peer's splits say the same.
-                     if (inSplits[r] > 0) {
-                       comm.send(block((*scratch)[0], inOffsets[r], inSplits[r], inRow), r, stream);
-                     }
-                     if (outSplits[r] > 0) {
-                       comm.recv(block(outBytes, outOffsets[r], outSplits[r], outRow), r, stream);
-                     }
-                   }
-                   group.end();
-                 },
-                 [=](Kernels& kernels) {
-                   const at::Tensor outBytes = lowering::kernelBytes((*scratch)[1]);
-                   kernels.copy(block(outBytes, outOffsets[rank], outSplits[rank], outRow),
-                                block((*scratch)[0], inOffsets[rank], inSplits[rank], inRow));
-                   lowering::copyBack(kernels, output, (*scratch)[1]);
-                 }});
+  return submit(
+      std::move(launch), path,
+      Steps::over<lowering::Pair>(
+          [=](lowering::Pair& scratch, Communicator& comm, Kernels& kernels, c10::Stream stream) {
+            scratch[0] = lowering::bytes(kernels.contiguous(input));
+            scratch[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
+            const at::Tensor outBytes = lowering::bytes(scratch[1]);
+            CommunicatorGroup group(comm);
+            for (const auto r : c10::irange(size)) {
+              if (r == rank) {
+                continue;  // copied in finish
+              }
+              // Zero-row blocks are skipped on both sides: the peer's splits say the same.
+              if (inSplits[r] > 0) {
+                comm.send(block(scratch[0], inOffsets[r], inSplits[r], inRow), r, stream);
+              }
+              if (outSplits[r] > 0) {
+                comm.recv(block(outBytes, outOffsets[r], outSplits[r], outRow), r, stream);
+              }
+            }
+            group.end();
+          },
+          [=](lowering::Pair& scratch, Kernels& kernels) {
+            const at::Tensor outBytes = lowering::kernelBytes(scratch[1]);
+            kernels.copy(block(outBytes, outOffsets[rank], outSplits[rank], outRow),
+                         block(scratch[0], inOffsets[rank], inSplits[rank], inRow));
+            lowering::copyBack(kernels, output, scratch[1]);
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& outputTensors,
@@ -353,37 +359,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
       "]`: this rank's own block is copied, and a copy cannot read and write memory that only "
       "partly coincides (the same tensor, or tensors apart, are fine)");
   const std::vector<bool> receivedApart = outputsOverInputs(inputs, outputs);
-  auto scratch = lowering::makeScratch(2 * size);
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
-      {[=](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-         for (const auto r : c10::irange(size)) {
-           if (r != rank && inputs[r].numel() > 0) {
-             (*scratch)[r] = kernels.contiguous(inputs[r]);
-           }
-           if (r != rank && outputs[r].numel() > 0) {
-             (*scratch)[size + r] = lowering::receiveBuffer(kernels, outputs[r], receivedApart[r]);
-           }
-         }
-         CommunicatorGroup group(comm);
-         for (const auto r : c10::irange(size)) {
-           if ((*scratch)[r].defined()) {
-             comm.send(lowering::bytes((*scratch)[r]), r, stream);
-           }
-           if ((*scratch)[size + r].defined()) {
-             comm.recv(lowering::bytes((*scratch)[size + r]), r, stream);
-           }
-         }
-         group.end();
-       },
-       [=](Kernels& kernels) {
-         kernels.copy(outputs[rank], kernels.contiguous(inputs[rank]).view(outputs[rank].sizes()));
-         for (const auto r : c10::irange(size)) {
-           if (r != rank && (*scratch)[size + r].defined()) {
-             lowering::copyBack(kernels, outputs[r], (*scratch)[size + r]);
-           }
-         }
-       }});
+      Steps::over<lowering::Many>(
+          [=](lowering::Many& scratch, Communicator& comm, Kernels& kernels, c10::Stream stream) {
+            scratch.resize(2 * size);
+            for (const auto r : c10::irange(size)) {
+              if (r != rank && inputs[r].numel() > 0) {
+                scratch[r] = kernels.contiguous(inputs[r]);
+              }
+              if (r != rank && outputs[r].numel() > 0) {
+                scratch[size + r] = lowering::receiveBuffer(kernels, outputs[r], receivedApart[r]);
+              }
+            }
+            CommunicatorGroup group(comm);
+            for (const auto r : c10::irange(size)) {
+              if (scratch[r].defined()) {
+                comm.send(lowering::bytes(scratch[r]), r, stream);
+              }
+              if (scratch[size + r].defined()) {
+                comm.recv(lowering::bytes(scratch[size + r]), r, stream);
+              }
+            }
+            group.end();
+          },
+          [=](lowering::Many& scratch, Kernels& kernels) {
+            kernels.copy(outputs[rank],
+                         kernels.contiguous(inputs[rank]).view(outputs[rank].sizes()));
+            for (const auto r : c10::irange(size)) {
+              if (r != rank && scratch[size + r].defined()) {
+                lowering::copyBack(kernels, outputs[r], scratch[size + r]);
+              }
+            }
+          }));
 }
 
 }  // namespace streamnccl
