@@ -573,22 +573,35 @@ def test_every_future_names_the_ops_device():
     assert len(gpu.future_streams()) == 3
 
 
-def test_a_future_asked_for_after_the_op_was_issued_follows_the_ops_stream():
+def test_a_future_asked_for_after_the_op_was_issued_follows_the_ops_end():
     # On CUDA an op's task runs at issue, so a future asked for afterwards (DDP's comm hook
-    # asks at once) is made once the op has settled. It must be completed with the op's stream
-    # current, as the task would have completed it: c10 records its events there. Asked on the
-    # caller's stream instead, an async op's then() callbacks would not wait for it.
+    # asks at once) is made once the op has settled. c10 records its events on the stream that
+    # is current as it completes, and then() callbacks wait for them. So it must be completed
+    # on a stream that waits for the op's end event: not on the op's stream, which has run
+    # later ops since (or may be captured by now), nor on the caller's, which an async op does
+    # not follow.
     pg, gpu = connected()
-    x = torch.ones(4)
+    x, y = torch.ones(4), torch.ones(4)
     for async_op in (True, False):
-        work = pg.allreduce([x], opts(AllreduceOptions, async_op))
-        future = work.get_future()
+        gpu.clear()
+        first = pg.allreduce([x], opts(AllreduceOptions, async_op))
+        pg.allreduce([y], opts(AllreduceOptions, async_op))  # the op's stream runs more since
+        future = first.get_future()
+        calls = gpu.calls()
+        issued = next(i for i, call in enumerate(calls) if call.startswith("ncclAllReduce"))
+        op_stream = calls[issued].rsplit(", ", 1)[1].rstrip(")")
+        end = next(
+            call.split("(")[1].split(",")[0]
+            for call in calls[issued:]
+            if call.startswith("cudaEventRecord(") and call.endswith(f", {op_stream})")
+        )
+        future_stream = f"S{gpu.future_streams()[-1]}"
+        assert future_stream not in (op_stream, "S0"), (async_op, calls)
+        assert f"cudaStreamWaitEvent({future_stream}, {end})" in calls, (async_op, calls)
         assert settle(gpu) == []
-        op_stream = [item.split()[0] for item in gpu.ran() if "ncclAllReduce" in item][-1]
-        assert f"S{gpu.future_streams()[-1]}" == op_stream, (async_op, gpu.ran())
         assert future.wait()[0] is x
         # Asked again, the same future: nothing more is made.
-        work.get_future()
+        first.get_future()
         assert len(gpu.future_streams()) == (1 if async_op else 2)
 
 
@@ -603,3 +616,22 @@ def test_wait_inside_a_capture_on_an_op_from_before_it_is_refused_clearly():
     gpu.hold_events(False)
     work.wait()
     assert settle(gpu) == []
+
+
+def test_a_coalesced_group_never_launched_fails_the_works_its_ops_handed_out():
+    # Each op recorded into a coalesced group hands out a Work on the group's future. A group
+    # refused at its end (the group broke meanwhile), or left open at shutdown, is never
+    # launched: its future must fail, or a wait() on those Works waits for ever.
+    for end in ("aborted", "shut down"):
+        pg, gpu = connected()
+        pg._start_coalescing()
+        work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+        if end == "aborted":
+            pg.abort()
+            with pytest.raises(dist.DistBackendError, match="aborted"):
+                pg._end_coalescing()
+        else:
+            pg.shutdown()
+        assert work.get_future().done(), end
+        with pytest.raises(dist.DistBackendError, match="never launched|aborted"):
+            work.get_future().wait()

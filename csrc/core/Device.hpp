@@ -115,10 +115,10 @@ class Device {
   // ordered after the op on the device's streams (c10::ivalue::Future records its events
   // there). None where the future's completion means the data is ready (the host).
   virtual std::vector<c10::Device> futureDevices() const { return {}; }
-  // A future completed with `value` now, for an op whose task issued its work to `stream`
-  // earlier (a future asked for after the op settled): made and completed with `stream`
-  // current, so that its events follow the op as if the task had completed it.
-  virtual c10::intrusive_ptr<c10::ivalue::Future> completedFuture(c10::Stream /*stream*/,
+  // A future completed with `value` now, for an op that settled before it was asked for:
+  // its device events (where futureDevices() names some) follow `end`, the op's end event,
+  // and nothing issued after it, as if the op's task had completed it.
+  virtual c10::intrusive_ptr<c10::ivalue::Future> completedFuture(Event& /*end*/,
                                                                   const c10::TypePtr& type,
                                                                   c10::IValue value) {
     auto future = c10::make_intrusive<c10::ivalue::Future>(type, futureDevices());

@@ -130,8 +130,13 @@ void ProcessGroup::close() {
   const bool onItsThread = onGroupThread();
   // (The coalescing state is the calling thread's program order: not a group thread's to touch.)
   if (coalescing_ && !onItsThread) {
-    LOG(WARNING) << who() << " shut down with a coalescing group still open: its "
-                 << coalescing_->steps.size() << " op(s) were never launched";
+    const std::string why = who() + " shut down with a coalescing group still open: its " +
+                            std::to_string(coalescing_->steps.size()) +
+                            " op(s) were never launched";
+    LOG(WARNING) << why;
+    if (coalescing_->future) {  // what the group's ops handed out must not wait for ever
+      coalescing_->future->setErrorIfNeeded(makeDistBackendError(why));
+    }
     coalescing_.reset();
   }
   // From here on the watchdog names the group without asking it: the group may be gone
@@ -544,9 +549,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
     checkSameOpOnEveryRank(info, launch);
   }
   injectTestFault(info, steps);
-  // Counted as in flight until the watchdog retires it (captured ops are never tracked).
-  stats_->launched(launch.opType, std::max(bytesOf(launch.inputs), bytesOf(launch.outputs)),
-                   /*tracked=*/!captured);
+  const uint64_t bytes = std::max(bytesOf(launch.inputs), bytesOf(launch.outputs));
 
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
   const bool blockHostOnWait = launch.blockHostOnWait || options_->useBlockingWait();
@@ -555,7 +558,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
     inUse = std::move(launch.inputs);
     inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
   }
-  auto work = c10::make_intrusive<Work>(std::move(info), launch.opType, path.device, opStream,
+  auto work = c10::make_intrusive<Work>(std::move(info), launch.opType, path.device,
                                         std::move(launch.outputs), timeout, blockHostOnWait,
                                         watchdog_, std::move(future));
   if (launch.sourceRank) {
@@ -564,6 +567,8 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   if (writes) {
     work->checkWrites(writes);
   }
+  // Counted as in flight until the watchdog retires it (captured ops are never tracked).
+  stats_->launched(launch.opType, bytes, /*tracked=*/!captured);
 
   // A captured op's steps are shared with its Work, whose replays use the temporaries they
   // hold; any other op's go with its task alone.
@@ -762,9 +767,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
                      }
                    }
                  }};
-  return launch({"coalesced", c10d::OpType::COALESCED, shapeOf, std::move(group.inputs),
-                 std::move(group.outputs), /*async=*/true, c10d::kUnsetTimeout},
-                *group.path, std::move(combined), group.future);
+  try {
+    return launch({"coalesced", c10d::OpType::COALESCED, shapeOf, std::move(group.inputs),
+                   std::move(group.outputs), /*async=*/true, c10d::kUnsetTimeout},
+                  *group.path, std::move(combined), group.future);
+  } catch (...) {
+    // Refused before it was issued (the group broken, the ranks' ops found to differ): the
+    // Works its ops handed out wait on this future, and must not wait for ever.
+    group.future->setErrorIfNeeded(std::current_exception());
+    throw;
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()>& record) {

@@ -15,13 +15,12 @@ const c10::TypePtr& tensorListType() {
 
 }  // namespace
 
-Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device, c10::Stream opStream,
+Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
            std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,
            std::weak_ptr<Watchdog> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future)
     : c10d::Work(info.rank, opType),
       info_(std::move(info)),
       device_(std::move(device)),
-      opStream_(opStream),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       deadline_(std::chrono::steady_clock::now() + timeout),
@@ -286,14 +285,26 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
     }
     settledWith = settled_ == Settled::Failed ? failure_ : nullptr;
   }
-  // Settled already: made outside the lock (completing runs no callbacks yet, but on CUDA it
-  // records events), as the op settled; a failure after a success does not change it.
+  // Settled already: made outside the lock (on CUDA, completing it issues device calls), as
+  // the op settled; a failure after a success does not change it.
   c10::intrusive_ptr<c10::ivalue::Future> future;
-  if (settledWith) {
+  if (!settledWith && end_) {
+    try {
+      future = device_->completedFuture(*end_, tensorListType(), c10::IValue(outputs_));
+    } catch (const c10::Error&) {
+      // A CUDA error on the way (a sticky one fails every call): the op's device failed, as a
+      // wait() would report it.
+      fail(std::current_exception());
+      settledWith = exception();
+    }
+  }
+  if (!future) {
     future = c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device_->futureDevices());
-    future->setError(settledWith);
-  } else {
-    future = device_->completedFuture(opStream_, tensorListType(), c10::IValue(outputs_));
+    if (settledWith) {
+      future->setError(settledWith);
+    } else {
+      future->markCompleted(c10::IValue(outputs_));  // no end to follow: nothing on a device
+    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (!future_) {  // another thread asking at the same time made one first: that one it is

@@ -26,12 +26,13 @@ class Watchdog;
 // and its future (one allocation, where apart they were three).
 class Work : public c10d::Work {
  public:
-  // `opStream`: the stream the op is issued on. `watchdog`: the group's, which a
-  // wait(timeout) that expires breaks. `future`: one handed out before the op was issued (a
-  // coalesced group's), which the op completes; otherwise the future is made when first asked
-  // for (getFuture()): most ops are waited on and never asked, and a future completed for
-  // each costs three allocations and its completion on the launch path.
-  Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device, c10::Stream opStream,
+  // `watchdog`: the group's, which a wait(timeout) that expires breaks. `future`: one handed
+  // out before the op was issued (a coalesced group's, a captured op's), which the op
+  // completes; otherwise the future is made when first asked for (getFuture()): most ops are
+  // waited on and never asked, and a future completed for each costs three allocations and
+  // its completion on the launch path. One asked for after the op settled follows the op's
+  // end event (Device::completedFuture), not what its stream has run since.
+  Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,
        std::weak_ptr<Watchdog> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future);
 
@@ -117,7 +118,6 @@ class Work : public c10d::Work {
 
   const OpInfo info_;
   const std::shared_ptr<Device> device_;
-  const c10::Stream opStream_;
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   const std::chrono::steady_clock::time_point deadline_;

@@ -254,6 +254,14 @@ CudaDevice::CudaDevice(std::shared_ptr<CudaApi> cuda, c10::Device device, bool h
       timedEvents_(std::make_shared<CudaEventPool>(cuda_, device, /*timing=*/true)) {}
 
 CudaDevice::~CudaDevice() {
+  if (lateFutures_) {  // never gated: what waits on it was issued at once
+    try {
+      auto onDevice = cuda_->useDevice(device_);
+      cuda_->destroyStream(*lateFutures_);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "streamnccl: destroying a stream of " << device_ << " failed: " << e.what();
+    }
+  }
   if (!internal_) {
     return;
   }
@@ -309,15 +317,18 @@ void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
   });
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> CudaDevice::completedFuture(c10::Stream stream,
+c10::intrusive_ptr<c10::ivalue::Future> CudaDevice::completedFuture(Event& end,
                                                                     const c10::TypePtr& type,
                                                                     c10::IValue value) {
-  // At once, past the gate: the op's task has run, so its work is on `stream` already, and
-  // later work the gate still holds need not be waited for.
+  std::call_once(lateFuturesCreated_, [&] {
+    auto onDevice = cuda_->useDevice(device_);
+    lateFutures_ = cuda_->createStream(/*highPriority=*/false);
+  });
+  end.block(*lateFutures_);
   auto onDevice = cuda_->useDevice(device_);
-  CurrentStreamGuard guard(*cuda_, stream);
+  CurrentStreamGuard guard(*cuda_, *lateFutures_);
   auto future = c10::make_intrusive<c10::ivalue::Future>(type, cuda_->futureDevices(device_));
-  future->markCompleted(std::move(value));
+  future->markCompleted(std::move(value));  // c10 records the future's events on it
   return future;
 }
 

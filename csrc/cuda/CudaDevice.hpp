@@ -80,8 +80,9 @@ class CudaDevice final : public Device {
   // The op's future records its events on this device's current stream when it completes
   // (inside the task: the op's stream), and a then() callback or wait() waits for them.
   std::vector<c10::Device> futureDevices() const override { return cuda_->futureDevices(device_); }
-  c10::intrusive_ptr<c10::ivalue::Future> completedFuture(c10::Stream stream,
-                                                          const c10::TypePtr& type,
+  // Completed on a stream of its own that waits for `end`: the op's stream may have run more
+  // since (later ops, the user's kernels), or be captured into a graph now.
+  c10::intrusive_ptr<c10::ivalue::Future> completedFuture(Event& end, const c10::TypePtr& type,
                                                           c10::IValue value) override;
   bool isCapturing(c10::Stream stream) override;
 
@@ -112,6 +113,8 @@ class CudaDevice final : public Device {
   const bool highPriority_;
   std::once_flag internalCreated_;
   std::optional<c10::Stream> internal_;
+  std::once_flag lateFuturesCreated_;
+  std::optional<c10::Stream> lateFutures_;  // where late futures are completed (completedFuture)
   const std::shared_ptr<CudaEventPool> events_;
   const std::shared_ptr<CudaEventPool> timedEvents_;
   std::shared_ptr<StreamGate> gate_;
