@@ -43,6 +43,8 @@
 // the worker in program order; a sync op returns when its result is ready. Each lane is one
 // more worker.
 
+#include "core/Task.hpp"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
@@ -100,8 +102,8 @@ class Device {
   // Runs `task` in order on `stream`: the task issues one op's work (communicator calls, ATen
   // kernels), and everything it issues is ordered on `stream`. On CUDA the task runs now, on
   // the calling thread, with `stream` made current; on the host it runs on the stream's
-  // executor. The task must not throw.
-  virtual void enqueue(c10::Stream stream, std::function<void()> task) = 0;
+  // executor. The task must not throw. (A device that keeps it for later takes it: see Task.)
+  virtual void enqueue(c10::Stream stream, Task task) = 0;
   // Whether a task runs when its stream reaches it (the host's worker), rather than when it is
   // issued (CUDA, where it only enqueues kernels): then its running means the op has started.
   virtual bool tasksRunInStreamOrder() const { return true; }

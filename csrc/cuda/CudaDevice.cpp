@@ -301,16 +301,18 @@ std::unique_ptr<Event> CudaDevice::createTimedEvent() {
   return std::make_unique<CudaEvent>(*this, timedEvents_);
 }
 
-void CudaDevice::enqueue(c10::Stream stream, std::function<void()> task) {
-  if (heldBack(stream)) {
-    // It may run later, on the connecting thread: with the caller's grad mode, inference
-    // mode, dispatch exclusions and the like, as it would have run here.
-    task = [state = at::ThreadLocalState(), task = std::move(task)] {
-      at::ThreadLocalStateGuard callersState(state);
-      task();
-    };
+void CudaDevice::enqueue(c10::Stream stream, Task task) {
+  if (!heldBack(stream)) {
+    auto onDevice = cuda_->useDevice(device_);
+    CurrentStreamGuard guard(*cuda_, stream);
+    task();
+    return;
   }
-  issueFor(stream, [cuda = cuda_, device = device_, stream, task = std::move(task)] {
+  // It runs later, on the connecting thread: with the caller's grad mode, inference mode,
+  // dispatch exclusions and the like, as it would have run here.
+  gate_->pass([cuda = cuda_, device = device_, stream, state = at::ThreadLocalState(),
+               task = std::move(task).take()] {
+    at::ThreadLocalStateGuard callersState(state);
     auto onDevice = cuda->useDevice(device);
     CurrentStreamGuard guard(*cuda, stream);
     task();

@@ -70,7 +70,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Event> createTimedEvent() override;
   // Runs the task now, with this device and `stream` current, so that the NCCL calls and ATen
   // kernels it issues are enqueued on `stream` (on a gated internal stream: when it opens).
-  void enqueue(c10::Stream stream, std::function<void()> task) override;
+  void enqueue(c10::Stream stream, Task task) override;
   // A task only issues its op's kernels: the op starts when the stream reaches them.
   bool tasksRunInStreamOrder() const override { return false; }
   void launch(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,

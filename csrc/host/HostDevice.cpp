@@ -62,13 +62,13 @@ std::unique_ptr<Event> HostDevice::createEvent() { return std::make_unique<HostE
 
 std::unique_ptr<Event> HostDevice::createTimedEvent() { return createEvent(); }
 
-void HostDevice::enqueue(c10::Stream stream, std::function<void()> task) {
+void HostDevice::enqueue(c10::Stream stream, Task task) {
   if (stream.id() == kCallerStream) {
     // Runs in order with the worker's tasks, so host ops keep program order, and returns when
     // done: a sync host op's result is ready when the call returns.
     worker_.runInOrder(task);
   } else {
-    worker_.enqueue(std::move(task));
+    worker_.enqueue(std::move(task).take());
   }
 }
 

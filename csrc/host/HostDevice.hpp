@@ -18,7 +18,7 @@ class HostDevice final : public Device {
   c10::Stream internalStream() override { return stream(kWorkerStream); }
   std::unique_ptr<Event> createEvent() override;
   std::unique_ptr<Event> createTimedEvent() override;
-  void enqueue(c10::Stream stream, std::function<void()> task) override;
+  void enqueue(c10::Stream stream, Task task) override;
 
  private:
   static c10::Stream stream(c10::StreamId id) {

@@ -45,7 +45,7 @@ void HostWorker::enqueue(std::function<void()> task) {
   state_->wake.notify_one();
 }
 
-void HostWorker::runInOrder(const std::function<void()>& task) {
+void HostWorker::runInOrder(const Task& task) {
   State& state = *state_;
   if (std::this_thread::get_id() == state.workerId.load()) {
     // Called from a task (a future callback issuing a sync op): waiting for the queue would

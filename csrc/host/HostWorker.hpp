@@ -1,5 +1,7 @@
 #pragma once
 
+#include "core/Task.hpp"
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -23,7 +25,7 @@ class HostWorker {
   void enqueue(std::function<void()> task);
   // Runs `task` after every task enqueued before it and returns once it has run. When the
   // worker is idle the task runs on the calling thread: same order, no thread hand-off.
-  void runInOrder(const std::function<void()>& task);
+  void runInOrder(const Task& task);
 
  private:
   // What the worker thread uses. Shared with the thread, so that when the last owner of the

@@ -56,13 +56,13 @@ std::unique_ptr<Event> SimDevice::createEvent() {
   return std::make_unique<SimEvent>(streams_, dropDependencies_);
 }
 
-void SimDevice::enqueue(c10::Stream stream, std::function<void()> task) {
+void SimDevice::enqueue(c10::Stream stream, Task task) {
   uint64_t turn = 0;
   {
     std::lock_guard<std::mutex> lock(turnstile_->mutex);
     turn = turnstile_->issued++;
   }
-  (*streams_)[stream].enqueue([turnstile = turnstile_, turn, task = std::move(task)] {
+  (*streams_)[stream].enqueue([turnstile = turnstile_, turn, task = std::move(task).take()] {
     {
       std::unique_lock<std::mutex> lock(turnstile->mutex);
       turnstile->changed.wait(lock, [&] { return turnstile->next == turn; });

@@ -40,7 +40,7 @@ class SimDevice final : public Device {
   std::unique_ptr<Event> createEvent() override;
   // Queues the task on `stream`; it runs there after a random delay, and after every task
   // enqueued on this device before it.
-  void enqueue(c10::Stream stream, std::function<void()> task) override;
+  void enqueue(c10::Stream stream, Task task) override;
 
  private:
   const std::shared_ptr<SimStreams> streams_;
