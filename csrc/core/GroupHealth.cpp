@@ -4,10 +4,17 @@
 
 #include <c10/util/Logging.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
 namespace streamnccl {
+namespace {
+
+constexpr auto kEvidenceWait = std::chrono::seconds(30);
+
+}  // namespace
+
 GroupHealth::GroupHealth(size_t recorderCapacity, std::optional<std::string> dumpDir,
                          int globalRank)
     : dumpDir_(std::move(dumpDir)), globalRank_(globalRank) {
@@ -17,14 +24,26 @@ GroupHealth::GroupHealth(size_t recorderCapacity, std::optional<std::string> dum
 bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
   std::string cause = describeException(error);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     if (broken_) {
+      awaitEvidence(lock);
       return false;
     }
     broken_ = error;
     cause_ = cause;
     brokenFlag_.store(true, std::memory_order_release);
   }
+  // Whatever becomes of the evidence, the callers waiting for it go on (see the header).
+  struct Written {
+    GroupHealth& health;
+    ~Written() {
+      {
+        std::lock_guard<std::mutex> lock(health.mutex_);
+        health.evidenceWritten_ = true;
+      }
+      health.evidenceChanged_.notify_all();
+    }
+  } written{*this};
   std::string where = "not written (set STREAMNCCL_DUMP_DIR or Options(dump_dir=...))";
   if (dumpDir_) {
     // Written whole under another name first: a reader never sees half a dump.
@@ -43,9 +62,18 @@ bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
   return true;
 }
 
+void GroupHealth::awaitEvidence(std::unique_lock<std::mutex>& lock) const {
+  // Bounded: a dump that cannot be written within it (a hung file system) is reported by its
+  // writer, and nobody waits for it again.
+  if (!evidenceChanged_.wait_for(lock, kEvidenceWait, [&] { return evidenceWritten_; })) {
+    evidenceWritten_ = true;
+  }
+}
+
 void GroupHealth::raiseIfBroken(const OpInfo& group, const char* op) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (broken_) {
+    awaitEvidence(lock);  // the caller learns of the failure: its dump is there to read
     throwDistBackendError(group.who() + " " + op +
                           ": the group is unusable since an earlier failure: " + cause_);
   }

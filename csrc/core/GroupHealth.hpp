@@ -8,6 +8,7 @@
 #include "core/OpInfo.hpp"
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -25,11 +26,14 @@ class GroupHealth {
 
   // Marks the group broken by `error` unless it already is, then logs the group's latest ops
   // and writes the flight recorder to <dump dir>/streamnccl_trace_rank_<global rank>.
-  // `group` names the group and rank. True when this call broke the group.
+  // `group` names the group and rank. True when this call broke the group. A later call
+  // returns once the evidence is written: it fails an op next, and whoever learns of that
+  // failure may read the dump.
   bool breakWith(const OpInfo& group, std::exception_ptr error);
   // Cheap enough for every launch; raiseIfBroken() then says why.
   bool broken() const { return brokenFlag_.load(std::memory_order_acquire); }
-  // Raises DistBackendError naming `op` and the original cause if the group is broken.
+  // Raises DistBackendError naming `op` and the original cause if the group is broken, once
+  // the evidence of the break is written.
   void raiseIfBroken(const OpInfo& group, const char* op) const;
 
   // The dump file's name without the rank, as torchfrtrace's --prefix takes it.
@@ -40,6 +44,11 @@ class GroupHealth {
   std::atomic<int> globalRank_;
   mutable std::mutex mutex_;
   std::exception_ptr broken_;
+  // Waits (with `lock` on mutex_) until the evidence of the break is written.
+  void awaitEvidence(std::unique_lock<std::mutex>& lock) const;
+
+  mutable bool evidenceWritten_ = false;  // the log and the dump of the call that broke the group
+  mutable std::condition_variable evidenceChanged_;
   std::atomic<bool> brokenFlag_{false};
   std::string cause_;
 };
