@@ -231,7 +231,7 @@ void Watchdog::check() {
     std::lock_guard<std::mutex> lock(mutex_);
     collectEnded(faulted);  // recorded now; released by the next caller that launches or waits
     const auto now = Clock::now();
-    moveWhere(inFlight_, expired, [&](Work& work) { return now > work.deadline(); });
+    moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
     communicators = liveCommunicators(/*locked=*/true);
   }
   settle(faulted);

@@ -23,7 +23,6 @@ Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
       device_(std::move(device)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout),
       blockHostOnWait_(blockHostOnWait),
       watchdog_(std::move(watchdog)),
       future_(std::move(future)) {}
