@@ -158,7 +158,7 @@ MUTANTS = [
              "    if (false) {")]),
     # --- the watchdog and teardown
     Mutant("timeouts-ignored", "the watchdog times nothing out", "csrc/core/Watchdog.cpp",
-           [("return now > work.deadline();", "return false && now > work.deadline();")]),
+           [("return work.expiredBy(now);", "return false && work.expiredBy(now);")]),
     Mutant("async-errors-ignored", "asynchronous NCCL errors are not polled",
            "csrc/core/Watchdog.cpp",
            [("    if (std::string error = communicator->asyncError(); !error.empty()) {",
