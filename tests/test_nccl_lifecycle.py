@@ -605,6 +605,16 @@ def test_a_future_asked_for_after_the_op_was_issued_follows_the_ops_end():
         assert len(gpu.future_streams()) == (1 if async_op else 2)
 
 
+def test_a_future_asked_for_after_its_op_failed_reports_the_failure():
+    # The op's task fails at issue (on CUDA the task runs then); the future, made only at the
+    # ask, must carry that failure, not the outputs.
+    pg, gpu = connected()
+    gpu.fail_next("ncclAllReduce")
+    work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    with pytest.raises(dist.DistBackendError, match=r"allreduce #1 \(\[4\], Float\)"):
+        work.get_future().wait()
+
+
 def test_wait_inside_a_capture_on_an_op_from_before_it_is_refused_clearly():
     pg, gpu = connected()
     gpu.hold_events(True)
