@@ -56,6 +56,43 @@ int64_t bytesPerRow(const at::Tensor& tensor) {
   return rows == 0 ? 0 : tensor.numel() / rows * tensor.element_size();
 }
 
+// gather's and scatter's issue step. The root exchanges `rootBlocks[r]` with every other
+// rank r (receiving them for gather, sending them for scatter), each other rank `own` with the
+// root the other way. The dense buffers are made first, in `scratch` (the root's by rank, the
+// others' at the end), then the calls go in one communicator group.
+void exchangeWithRoot(Communicator& comm, Kernels& kernels, c10::Stream stream,
+                      lowering::Many& scratch, const std::vector<at::Tensor>& rootBlocks,
+                      const at::Tensor& own, int root, int rank, int size, bool rootReceives) {
+  scratch.resize(size + 1);
+  if (rank == root) {
+    for (const auto r : c10::irange(size)) {
+      if (r != root) {
+        scratch[r] = kernels.contiguous(rootBlocks[r]);
+      }
+    }
+  } else {
+    scratch[size] = kernels.contiguous(own);
+  }
+  CommunicatorGroup group(comm);
+  const auto exchange = [&](const at::Tensor& buffer, int peer, bool receive) {
+    if (receive) {
+      comm.recv(lowering::bytes(buffer), peer, stream);
+    } else {
+      comm.send(lowering::bytes(buffer), peer, stream);
+    }
+  };
+  if (rank == root) {
+    for (const auto r : c10::irange(size)) {
+      if (r != root) {
+        exchange(scratch[r], r, rootReceives);
+      }
+    }
+  } else {
+    exchange(scratch[size], root, !rootReceives);
+  }
+  group.end();
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tensors, int dstRank,
@@ -148,28 +185,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
       Steps::over<lowering::Many>(
           [input, outputs, root, rank, size](lowering::Many& scratch, Communicator& comm,
                                              Kernels& kernels, c10::Stream stream) {
-            scratch.resize(size + 1);
-            // The buffers first, then one communicator group of their sends and recvs.
-            if (rank == root) {
-              for (const auto r : c10::irange(size)) {
-                if (r != root) {
-                  scratch[r] = kernels.contiguous(outputs[r]);
-                }
-              }
-            } else {
-              scratch[size] = kernels.contiguous(input);
-            }
-            CommunicatorGroup group(comm);
-            if (rank == root) {
-              for (const auto r : c10::irange(size)) {
-                if (r != root) {
-                  comm.recv(lowering::bytes(scratch[r]), r, stream);
-                }
-              }
-            } else {
-              comm.send(lowering::bytes(scratch[size]), root, stream);
-            }
-            group.end();
+            exchangeWithRoot(comm, kernels, stream, scratch, outputs, input, root, rank, size,
+                             /*rootReceives=*/true);
           },
           [input, outputs, root, rank, size](lowering::Many& scratch, Kernels& kernels) {
             if (rank != root) {
@@ -209,27 +226,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
       Steps::over<lowering::Many>(
           [inputs, output, root, rank, size](lowering::Many& scratch, Communicator& comm,
                                              Kernels& kernels, c10::Stream stream) {
-            scratch.resize(size + 1);
-            if (rank == root) {
-              for (const auto r : c10::irange(size)) {
-                if (r != root) {
-                  scratch[r] = kernels.contiguous(inputs[r]);
-                }
-              }
-            } else {
-              scratch[size] = kernels.contiguous(output);
-            }
-            CommunicatorGroup group(comm);
-            if (rank == root) {
-              for (const auto r : c10::irange(size)) {
-                if (r != root) {
-                  comm.send(lowering::bytes(scratch[r]), r, stream);
-                }
-              }
-            } else {
-              comm.recv(lowering::bytes(scratch[size]), root, stream);
-            }
-            group.end();
+            exchangeWithRoot(comm, kernels, stream, scratch, inputs, output, root, rank, size,
+                             /*rootReceives=*/false);
           },
           [inputs, output, root, rank, size](lowering::Many& scratch, Kernels& kernels) {
             if (rank == root) {
