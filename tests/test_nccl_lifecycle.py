@@ -177,6 +177,35 @@ def test_abort_ends_a_finalize_waiting_for_a_peer_at_once():
     fakes.shut_down(groups)
 
 
+def test_abort_waits_for_a_call_in_progress_that_took_no_lock():
+    # An op's use of a connected communicator takes no lock. Its ncclAllReduce returns
+    # ncclInProgress, and the use polls the communicator until the call is done. An abort from
+    # another thread meanwhile waits for that poll to see it and end before ncclCommAbort frees
+    # the communicator: a poll after the free would be a use after free.
+    pg, gpu = connected()
+    gpu.in_progress_next("ncclAllReduce", 1_000_000)
+    failures = []
+
+    def sync_all_reduce():
+        try:
+            pg.allreduce([torch.ones(4)], opts(AllreduceOptions, False)).wait()
+        except dist.DistBackendError as error:
+            failures.append(str(error))
+
+    issuing = threading.Thread(target=sync_all_reduce)
+    issuing.start()
+    deadline = time.monotonic() + 10
+    while not any(c.startswith("ncclAllReduce") for c in gpu.calls()):
+        assert time.monotonic() < deadline, "the all_reduce was never issued"
+        time.sleep(0.01)
+    pg.abort()
+    issuing.join(timeout=30)
+    assert not issuing.is_alive(), "the op's poll never ended after abort()"
+    assert failures and "aborted while ncclAllReduce was in progress" in failures[0], failures
+    assert sum(c.startswith("ncclCommAbort(C0)") for c in gpu.calls()) == 1, gpu.calls()
+    assert settle(gpu) == []
+
+
 # --- defect 2: reductions NCCL lacks are refused at the call
 
 

@@ -23,7 +23,7 @@ void issueReduceScatter(Communicator& comm, Kernels& kernels, c10::Stream stream
   auto& [in, result] = scratch;
   in = lowering::premultiplied(kernels, whole, reduction);
   result = kernels.contiguous(output);
-  comm.reduceScatter(lowering::reductionBuffer(in), lowering::reductionBuffer(result),
+  comm.reduceScatter(*lowering::reductionBuffer(in), *lowering::reductionBuffer(result),
                      reduction.communicatorOp(), stream);
 }
 
@@ -32,7 +32,7 @@ void finishReduceScatter(Kernels& kernels, const at::Tensor& output,
                          const lowering::Reduction& reduction, const lowering::Pair& scratch,
                          int size) {
   const at::Tensor& result = scratch[1];
-  lowering::finishReduction(kernels, lowering::reductionBuffer(result), reduction, size);
+  lowering::finishReduction(kernels, *lowering::reductionBuffer(result), reduction, size);
   lowering::copyBack(kernels, output, result);
 }
 
@@ -52,15 +52,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
       {op, c10d::OpType::ALLREDUCE, tensor, reduction.withFactors(tensors), tensors, opts.asyncOp,
        opts.timeout},
       path,
-      Steps::over<at::Tensor>(
-          [tensor, reduction](at::Tensor& work, Communicator& comm, Kernels& kernels,
-                              c10::Stream stream) {
+      // The tensor, and what `work` computes in, in the scratch: held once for both steps.
+      Steps::over(
+          lowering::Pair{tensor, {}},
+          [reduction](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+                      c10::Stream stream) {
+            auto& [tensor, work] = scratch;
             work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
-            const at::Tensor buffer = lowering::reductionBuffer(work);
-            comm.allReduce(buffer, buffer, reduction.communicatorOp(), stream);
+            const auto buffer = lowering::reductionBuffer(work);
+            comm.allReduce(*buffer, *buffer, reduction.communicatorOp(), stream);
           },
-          [tensor, reduction, size](at::Tensor& work, Kernels& kernels) {
-            lowering::finishReduction(kernels, lowering::reductionBuffer(work), reduction, size);
+          [reduction, size](lowering::Pair& scratch, Kernels& kernels) {
+            const auto& [tensor, work] = scratch;
+            lowering::finishReduction(kernels, *lowering::reductionBuffer(work), reduction, size);
             lowering::copyBack(kernels, tensor, work);
           }));
 }
@@ -117,17 +121,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
       {op, c10d::OpType::REDUCE, tensor, reduction.withFactors(tensors), tensors, opts.asyncOp,
        opts.timeout},
       path,
-      Steps::over<at::Tensor>(
-          [tensor, reduction, root](at::Tensor& work, Communicator& comm, Kernels& kernels,
-                                    c10::Stream stream) {
+      Steps::over(
+          lowering::Pair{tensor, {}},
+          [reduction, root](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+                            c10::Stream stream) {
+            auto& [tensor, work] = scratch;
             work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
-            const at::Tensor buffer = lowering::reductionBuffer(work);
-            comm.reduce(buffer, buffer, reduction.communicatorOp(), root, stream);
+            const auto buffer = lowering::reductionBuffer(work);
+            comm.reduce(*buffer, *buffer, reduction.communicatorOp(), root, stream);
           },
-          [tensor, reduction, size, isRoot](at::Tensor& work, Kernels& kernels) {
+          [reduction, size, isRoot](lowering::Pair& scratch, Kernels& kernels) {
             // Only the root's tensor receives the result; the others keep their input.
             if (isRoot) {
-              lowering::finishReduction(kernels, lowering::reductionBuffer(work), reduction, size);
+              const auto& [tensor, work] = scratch;
+              lowering::finishReduction(kernels, *lowering::reductionBuffer(work), reduction, size);
               lowering::copyBack(kernels, tensor, work);
             }
           }));

@@ -54,6 +54,13 @@ std::string rankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
+int64_t RecorderClock::nowNs() {
+  if (ns_ == 0) {
+    ns_ = streamnccl::nowNs();
+  }
+  return ns_;
+}
+
 FlightRecorder& FlightRecorder::instance() {
   // Never destroyed: groups record until the very end of the process.
   static auto* recorder = new FlightRecorder();
@@ -88,10 +95,10 @@ void FlightRecorder::Tensors::assign(const std::vector<at::Tensor>& tensors) {
   }
 }
 
-int64_t FlightRecorder::record(const std::shared_ptr<const RecordedGroup>& group,
-                               const RecordedOp& op, const std::vector<at::Tensor>& inputs,
-                               const std::vector<at::Tensor>& outputs) {
-  const int64_t createdNs = nowNs();
+int64_t FlightRecorder::record(const std::shared_ptr<const RecordedGroup>& group, RecordedOp op,
+                               const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& outputs, RecorderClock& clock) {
+  const int64_t createdNs = clock.nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
   if (ring_.empty()) {
     return -1;
@@ -104,8 +111,10 @@ int64_t FlightRecorder::record(const std::shared_ptr<const RecordedGroup>& group
   const int64_t id = nextId_++;
   Entry& entry = ring_[id % ring_.size()];
   entry.id = id;
-  entry.group = group;
-  entry.op = op;
+  if (entry.group != group) {  // mostly the same group's entry it replaces: no count to change
+    entry.group = group;
+  }
+  entry.op = std::move(op);
   entry.inputs.assign(inputs);
   entry.outputs.assign(outputs);
   entry.state = State::Scheduled;
@@ -135,10 +144,16 @@ void FlightRecorder::started(int64_t id) {
   }
 }
 
-void FlightRecorder::completed(int64_t id, std::optional<double> durationMs) {
-  const int64_t now = nowNs();
+void FlightRecorder::completed(int64_t id, std::optional<double> durationMs, RecorderClock& clock) {
+  if (id < 0) {
+    return;  // not recorded
+  }
+  const int64_t read = clock.nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* entry = find(id); entry && !entry->retired) {
+    // The clock may have been read for an earlier op of the same pass, before this one's start
+    // was seen: it never completes before it started.
+    const int64_t now = std::max(read, entry->startedNs);
     if (entry->startedNs == 0) {
       entry->startedNs = now;
     }

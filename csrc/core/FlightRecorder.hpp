@@ -43,6 +43,19 @@ struct RecordedOp {
   std::chrono::milliseconds timeout{0};
 };
 
+// The recorder's clock, read at most once for what one caller records at one moment: a launch
+// that retires the ops ended before it and records itself reads it once, not for each (25 ns a
+// read), and not at all when nothing is recorded.
+class RecorderClock {
+ public:
+  int64_t nowNs();
+  // Read afresh at the next nowNs(): what came since took long (a fault was handled).
+  void reset() { ns_ = 0; }
+
+ private:
+  int64_t ns_ = 0;
+};
+
 class FlightRecorder {
  public:
   static FlightRecorder& instance();
@@ -53,12 +66,13 @@ class FlightRecorder {
 
   // The op was launched; returns its record id, or -1 when nothing is recorded. On the launch
   // path: an entry reuses the memory of the one it replaces in the ring.
-  int64_t record(const std::shared_ptr<const RecordedGroup>& group, const RecordedOp& op,
-                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
+  int64_t record(const std::shared_ptr<const RecordedGroup>& group, RecordedOp op,
+                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                 RecorderClock& clock);
   // Its work began on its stream (the host: the worker took it up; CUDA: it was issued).
   void started(int64_t id);
   // It ended: completed, or failed with `error`; `durationMs` when it was timed.
-  void completed(int64_t id, std::optional<double> durationMs);
+  void completed(int64_t id, std::optional<double> durationMs, RecorderClock& clock);
   void failed(int64_t id, const std::string& error);
 
   // The whole recorder as torch's flight recorder pickles it.

@@ -88,10 +88,9 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
                     const Communicator& communicator, Kernels& kernels) {
   const at::ScalarType dtype = tensor.scalar_type();
   const c10d::ReduceOp::RedOpType type = reduceOp.op_;
-  const std::string name = opName(type);
   if (at::isComplexType(dtype)) {
-    STREAMNCCL_CHECK_TYPE(c10d::isComplexViewAsRealAllowed(reduceOp), op, "reduce op ", name,
-                          " is not defined for complex dtype ", dtype,
+    STREAMNCCL_CHECK_TYPE(c10d::isComplexViewAsRealAllowed(reduceOp), op, "reduce op ",
+                          opName(type), " is not defined for complex dtype ", dtype,
                           "; expected SUM, AVG or PREMUL_SUM");
   }
   Reduction lowered;
@@ -142,13 +141,13 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
       }
       break;
     default:
-      STREAMNCCL_CHECK_ARG(false, op, "unknown reduce op ", name);
+      STREAMNCCL_CHECK_ARG(false, op, "unknown reduce op ", opName(type));
   }
   const bool bitwise = lowered.kind == ReduceKind::BitAnd || lowered.kind == ReduceKind::BitOr ||
                        lowered.kind == ReduceKind::BitXor;
   if (bitwise) {
-    STREAMNCCL_CHECK_TYPE(at::isIntegralType(dtype, /*includeBool=*/true), op, "reduce op ", name,
-                          " needs an integer or bool dtype, got ", dtype);
+    STREAMNCCL_CHECK_TYPE(at::isIntegralType(dtype, /*includeBool=*/true), op, "reduce op ",
+                          opName(type), " needs an integer or bool dtype, got ", dtype);
   }
   const at::ScalarType bufferType = at::isComplexType(dtype) ? c10::toRealValueType(dtype)
                                     : dtype == at::kBool     ? at::kByte
@@ -163,24 +162,28 @@ Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Te
   return lowered;
 }
 
-std::vector<at::Tensor> Reduction::withFactors(std::vector<at::Tensor> tensors) const {
+TensorList Reduction::withFactors(const std::vector<at::Tensor>& tensors) const {
+  if (!factor.defined() && !premultiply) {
+    return tensors;
+  }
+  std::vector<at::Tensor> with = tensors;
   if (factor.defined()) {
-    tensors.push_back(factor);
+    with.push_back(factor);
   }
   if (premultiply) {
-    tensors.push_back(*premultiply);
+    with.push_back(*premultiply);
   }
-  return tensors;
+  return with;
 }
 
-at::Tensor reductionBuffer(const at::Tensor& contiguousTensor) {
+c10::MaybeOwned<at::Tensor> reductionBuffer(const at::Tensor& contiguousTensor) {
   if (contiguousTensor.is_complex()) {
-    return at::view_as_real(contiguousTensor);
+    return c10::MaybeOwned<at::Tensor>::owned(at::view_as_real(contiguousTensor));
   }
   if (contiguousTensor.scalar_type() == at::kBool) {
-    return contiguousTensor.view(at::kByte);
+    return c10::MaybeOwned<at::Tensor>::owned(contiguousTensor.view(at::kByte));
   }
-  return contiguousTensor;
+  return c10::MaybeOwned<at::Tensor>::borrowed(contiguousTensor);
 }
 
 at::Tensor bytes(const at::Tensor& contiguousTensor) {
@@ -194,8 +197,8 @@ at::Tensor kernelBytes(const at::Tensor& contiguousTensor) {
   return flat.scalar_type() == at::kByte ? flat : flat.view(at::kByte);
 }
 
-at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduction& reduction) {
-  return reduction.premultiply ? kernels.multiply(dense, *reduction.premultiply) : dense;
+at::Tensor premultiplied(Kernels& kernels, at::Tensor dense, const Reduction& reduction) {
+  return reduction.premultiply ? kernels.multiply(dense, *reduction.premultiply) : std::move(dense);
 }
 
 void finishReduction(Kernels& kernels, const at::Tensor& result, const Reduction& reduction,

@@ -6,9 +6,12 @@
 
 #include "core/Communicator.hpp"
 #include "core/Kernels.hpp"
+#include "core/TensorList.hpp"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <c10/util/MaybeOwned.h>
 
 #include <array>
 #include <memory>
@@ -28,7 +31,8 @@ struct Reduction {
   ReduceOp communicatorOp() const { return {kind, factor, factorOnHost}; }
   // `tensors` and the factors a kernel of the op reads when it runs: an async op's Work holds
   // them until its end event (a factor converted at the call is a tensor of its own).
-  std::vector<at::Tensor> withFactors(std::vector<at::Tensor> tensors) const;
+  // Without factors, `tensors` itself, borrowed (see TensorList).
+  TensorList withFactors(const std::vector<at::Tensor>& tensors) const;
 };
 
 // The temporaries an op's issue step makes for the communicator (contiguous copies, gathered
@@ -47,8 +51,10 @@ using Many = std::vector<at::Tensor>;
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
                     const Communicator& communicator, Kernels& kernels);
 
-// The buffer a reduction works on: complex as its real view, bool as bytes.
-at::Tensor reductionBuffer(const at::Tensor& contiguousTensor);
+// The buffer a reduction works on: complex as its real view, bool as bytes; any other tensor
+// is itself, borrowed (no reference count on every op's path), so the result may not outlive
+// `contiguousTensor`.
+c10::MaybeOwned<at::Tensor> reductionBuffer(const at::Tensor& contiguousTensor);
 
 // The buffer an op that only moves data hands its communicator: the bytes of the tensor, so
 // every dtype (bool, float8, complex, ...) moves on every path; the tensor itself when it is
@@ -62,7 +68,7 @@ at::Tensor bytes(const at::Tensor& contiguousTensor);
 at::Tensor kernelBytes(const at::Tensor& contiguousTensor);
 
 // `dense` scaled for PREMUL_SUM, as a new tensor (the caller's input is never modified).
-at::Tensor premultiplied(Kernels& kernels, const at::Tensor& dense, const Reduction& reduction);
+at::Tensor premultiplied(Kernels& kernels, at::Tensor dense, const Reduction& reduction);
 
 // The division of AVG-by-SUM, in place on a result buffer.
 void finishReduction(Kernels& kernels, const at::Tensor& result, const Reduction& reduction,

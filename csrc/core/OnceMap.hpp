@@ -4,11 +4,16 @@
 // wait on a Store, or on peers). The map's lock is held only to find or claim a slot, never
 // while a value is made: making one holds up only the callers that need that same value, never
 // those of another key, the watchdog or abort().
+//
+// Every op looks its path up here, so the value found last is also kept where a lookup reads
+// it without the lock: a lock and a hash for every op cost more than the rest of the lookup.
 
+#include <atomic>
 #include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -23,12 +28,16 @@ class OnceMap {
   // error and the next call makes it afresh.
   template <typename Make>
   Value& get(const Key& key, Make&& make) {
+    if (const Made* last = last_.load(std::memory_order_acquire); last && last->key == key) {
+      return *last->value;
+    }
     std::shared_ptr<Slot> slot;
     bool maker = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& found = slots_[key];
       if (found && found->value) {  // made already (every op but a path's first): no waiting
+        last_.store(&*found->found, std::memory_order_release);
         return *found->value;
       }
       if (!found) {
@@ -47,6 +56,7 @@ class OnceMap {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         slot->value = std::move(value);
+        slot->found.emplace(Made{key, raw});
       }
       slot->made.set_value(raw);
       return *raw;
@@ -77,6 +87,7 @@ class OnceMap {
   std::shared_ptr<void> release() {
     auto slots = std::make_shared<std::unordered_map<Key, std::shared_ptr<Slot>, Hash>>();
     std::lock_guard<std::mutex> lock(mutex_);
+    last_.store(nullptr, std::memory_order_release);
     slots->swap(slots_);
     return slots;
   }
@@ -84,13 +95,21 @@ class OnceMap {
   void clear() { release(); }
 
  private:
+  struct Made {
+    Key key;
+    Value* value;
+  };
   struct Slot {
     std::promise<Value*> made;
     std::shared_future<Value*> ready;
     std::unique_ptr<Value> value;
+    std::optional<Made> found;  // set with `value`, under the lock
   };
 
   std::mutex mutex_;
+  // The slot found last, or null: read without the lock, written under it. A slot's `found`
+  // lives as long as its value, and a caller may hold a value only until release() (see there).
+  std::atomic<const Made*> last_{nullptr};
   std::unordered_map<Key, std::shared_ptr<Slot>, Hash> slots_;
 };
 

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
@@ -427,7 +428,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, S
                        " cannot join a coalesced group on ", group.path->device->device(),
                        "; one group runs on one device");
   group.steps.push_back(std::move(steps));
-  group.inputs.insert(group.inputs.end(), launch.inputs.begin(), launch.inputs.end());
+  group.inputs.insert(group.inputs.end(), launch.inputs.get().begin(), launch.inputs.get().end());
   group.outputs.insert(group.outputs.end(), launch.outputs.begin(), launch.outputs.end());
   // The group's future: waiting on it waits for the whole group, once it has been ended.
   return c10d::Work::create_from_future(group.future);
@@ -451,6 +452,20 @@ uint64_t bytesOf(const std::vector<at::Tensor>& tensors) {
   return bytes;
 }
 
+// "nccl:" and the op's kind, made once per kind rather than at every launch.
+const std::string& profilingName(c10d::OpType opType) {
+  static const auto names = [] {
+    std::array<std::string, static_cast<size_t>(c10d::OpType::UNKNOWN) + 1> made;
+    for (size_t type = 0; type < made.size(); ++type) {
+      const auto opType = static_cast<c10d::OpType>(type);
+      made[type] = std::string("nccl:") +
+                   (opType == c10d::OpType::BARRIER ? "all_reduce_barrier" : opKindName(opType));
+    }
+    return made;
+  }();
+  return names.at(static_cast<size_t>(opType));
+}
+
 bool isPointToPoint(c10d::OpType opType) {
   return opType == c10d::OpType::SEND || opType == c10d::OpType::RECV ||
          opType == c10d::OpType::RECVANYSOURCE;
@@ -460,7 +475,14 @@ bool isPointToPoint(c10d::OpType opType) {
 
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               c10::intrusive_ptr<c10::ivalue::Future> future) {
-  if (!at::hasCallbacks()) {  // nothing observes ops: the common case stays cheap
+  // RECORD_PARAM_COMMS_DATA's steps, as ProcessGroupNCCL takes them, with its range asked
+  // first: when nothing observes ops (the common case) that answer is lock-free, and nothing
+  // of the metadata is made. The range takes one sampling step, as the macro's does. The
+  // metadata outlives the range, as the macro's: the profiler reads it at the range's ends.
+  std::optional<c10::DebugInfoGuard> metadata;
+  std::vector<c10::IValue> params;  // the range keeps a view of them until it ends
+  at::RecordFunction range(at::RecordScope::FUNCTION);
+  if (!range.isActive()) {
     return issue(std::move(launch), path, std::move(steps), std::move(future));
   }
   // The group's members as the profiler's metadata describes them: a start and a stride
@@ -472,16 +494,39 @@ c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps s
       stride = -1;
     }
   }
-  RECORD_PARAM_COMMS_DATA(
-      std::make_tuple(static_cast<int64_t>(seq_.load() + 1), isPointToPoint(launch.opType)),
-      std::make_tuple(getGroupUid(), getGroupDesc()), launch.inputs, launch.outputs, getRank(),
-      launch.op, elementsOf(launch.inputs), elementsOf(launch.outputs),
-      launch.shapeOf.scalar_type(), launch.inputSplitSizes, launch.outputSplitSizes, start, stride,
-      getSize());
+  const auto seq =
+      std::make_tuple(static_cast<int64_t>(seq_.load() + 1), isPointToPoint(launch.opType));
+  const auto name = std::make_tuple(getGroupUid(), getGroupDesc());
+  metadata.emplace(c10::DebugInfoKind::PARAM_COMMS_INFO,
+                   std::make_shared<torch::ParamCommsDebugInfo>(
+                       name, getRank(), launch.op, elementsOf(launch.inputs.get()),
+                       elementsOf(launch.outputs), launch.shapeOf.scalar_type(),
+                       launch.inputSplitSizes, launch.outputSplitSizes, start, stride, getSize()));
+  if (range.needsInputs()) {
+    const std::initializer_list<const c10::IValue> values = {c10::IValue(launch.inputs.get()),
+                                                             seq,
+                                                             name,
+                                                             getRank(),
+                                                             launch.op,
+                                                             launch.inputSplitSizes,
+                                                             launch.outputSplitSizes,
+                                                             start,
+                                                             stride,
+                                                             getSize()};
+    params.assign(values.begin(), values.end());
+    range.before(at::kParamCommsCallName,
+                 c10::ArrayRef<const c10::IValue>(params.data(), params.size()));
+  } else {
+    range.before(at::kParamCommsCallName);
+  }
+  if (range.needsOutputs()) {
+    range.setOutputs(std::vector<c10::IValue>(1, c10::IValue(launch.outputs)));
+  }
   return issue(std::move(launch), path, std::move(steps), std::move(future));
 }
 
-int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds timeout) {
+int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds timeout,
+                            RecorderClock& clock) {
   const bool p2p = isPointToPoint(launch.opType);
   ++(p2p ? p2pSeq_ : collectiveSeq_);
   ++opId_;
@@ -491,9 +536,7 @@ int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds time
   }
   RecordedOp op;
   // As ProcessGroupNCCL names its ops, which is what the analyzer knows.
-  op.profilingName = "nccl:";
-  op.profilingName +=
-      launch.opType == c10d::OpType::BARRIER ? "all_reduce_barrier" : opKindName(launch.opType);
+  op.profilingName = profilingName(launch.opType);
   if (launch.opType == c10d::OpType::SEND) {
     op.profilingName += " " + std::to_string(getRank()) + "->" + std::to_string(launch.peer);
   } else if (p2p) {
@@ -504,7 +547,33 @@ int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds time
   op.p2pSeq = p2pSeq_;
   op.opId = opId_;
   op.timeout = timeout;
-  return recorder.record(recordedGroup(), op, launch.inputs, launch.outputs);
+  return recorder.record(recordedGroup(), std::move(op), launch.inputs.get(), launch.outputs,
+                         clock);
+}
+
+void ProcessGroup::runTask(Work& work, const Steps& steps, Communicator& communicator,
+                           c10::Stream opStream, Watchdog& watchdog, bool startsWithTask,
+                           InflightWriteCheck* writes) {
+  const OpInfo& info = work.info();
+  // A failure breaks the group: its ranks can no longer be assumed in step.
+  try {
+    if (startsWithTask) {
+      watchdog.health().recorder().started(info.traceId);
+    }
+    Kernels kernels(work.device(), writes ? &writes->group() : nullptr);
+    steps.issue(communicator, kernels, opStream);
+    if (steps.finish) {
+      steps.finish(kernels);
+    }
+    if (writes) {
+      writes->noteCompleted();  // before the future's callbacks, which may write the result
+    }
+    work.succeed();  // completed is recorded when its end event has passed
+  } catch (...) {
+    work.fail(std::current_exception());
+    watchdog.health().recorder().failed(info.traceId, describeException(std::current_exception()));
+    watchdog.breakGroup(info, work.exception());
+  }
 }
 
 c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps steps,
@@ -524,8 +593,10 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
     if (!future) {
       future = makeFuture(device);
     }
-  } else {
-    watchdog_->releaseCompleted();  // earlier ops that completed, recorded before this one
+  }
+  RecorderClock clock;  // one read dates the earlier ops' ends and this op's launch
+  if (!captured) {
+    watchdog_->releaseCompleted(clock);  // earlier ops that completed, recorded before this one
   }
   OpInfo info;
   info.name = launch.op;
@@ -537,25 +608,25 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   info.shape.assign(sizes.begin(), sizes.end());
   info.dtype = launch.shapeOf.scalar_type();
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
-  info.traceId = trace(launch, timeout);
+  info.traceId = trace(launch, timeout, clock);
   info.path = path.description;
   // Only async ops: a sync one has run, or is queued on the caller's own stream, when the call
   // returns. A captured op runs at replays, to which versions now say nothing.
   std::shared_ptr<InflightWriteCheck> writes;
   if (inflightWrites_ && launch.async && !captured) {
-    writes = inflightWrites_->watch(info, launch.inputs, launch.outputs);
+    writes = inflightWrites_->watch(info, launch.inputs.get(), launch.outputs);
   }
   if (options_->useDebugChecks()) {
     checkSameOpOnEveryRank(info, launch);
   }
   injectTestFault(info, steps);
-  const uint64_t bytes = std::max(bytesOf(launch.inputs), bytesOf(launch.outputs));
+  const uint64_t bytes = std::max(bytesOf(launch.inputs.get()), bytesOf(launch.outputs));
 
   const c10::Stream opStream = launch.async ? device.internalStream() : current;
   const bool blockHostOnWait = launch.blockHostOnWait || options_->useBlockingWait();
   std::vector<at::Tensor> inUse;
   if (launch.async) {
-    inUse = std::move(launch.inputs);
+    inUse = std::move(launch.inputs).take();
     inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
   }
   auto work = c10::make_intrusive<Work>(std::move(info), launch.opType, path.device,
@@ -580,37 +651,28 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   // on CUDA it runs at issue, and the start is the start event's (the watchdog's to see).
   const bool startsWithTask = device.tasksRunInStreamOrder();
   // The task holds its Work (the op's outcome), communicator and steps until it has run,
-  // whatever the caller drops. A failure in it breaks the group: its ranks can no longer be
-  // assumed in step. Where writes are checked, the op's own are not the caller's: what its
-  // kernels bump is credited to the group, and what its communicator writes bumps no counter.
-  std::shared_ptr<Communicator> communicator = path.communicator;
+  // whatever the caller drops: a device that keeps it (the host's worker, a lane still
+  // connecting) takes the owning copy, one that runs it at once (CUDA) the borrowing one,
+  // which costs no reference counts. Where writes are checked, the op's own are not the
+  // caller's: what its kernels bump is credited to the group, and what its communicator
+  // writes bumps no counter.
+  std::shared_ptr<Communicator> unversioned;
   if (writes) {
-    communicator = std::make_shared<UnversionedCommunicator>(std::move(communicator));
+    unversioned = std::make_shared<UnversionedCommunicator>(path.communicator);
   }
-  auto task = [work, held, steps = std::move(steps), communicator = std::move(communicator),
-               opStream, watchdog = watchdog_, startsWithTask, writes]() {
-    const OpInfo& info = work->info();
-    try {
-      if (startsWithTask) {
-        watchdog->health().recorder().started(info.traceId);
-      }
-      Kernels kernels(work->device(), writes ? &writes->group() : nullptr);
-      const Steps& run = held ? *held : steps;
-      run.issue(*communicator, kernels, opStream);
-      if (run.finish) {
-        run.finish(kernels);
-      }
-      if (writes) {
-        writes->noteCompleted();  // before the future's callbacks, which may write the result
-      }
-      work->succeed();  // completed is recorded when its end event has passed
-    } catch (...) {
-      work->fail(std::current_exception());
-      watchdog->health().recorder().failed(info.traceId,
-                                           describeException(std::current_exception()));
-      watchdog->breakGroup(info, work->exception());
-    }
+  const std::shared_ptr<Communicator>& communicator = writes ? unversioned : path.communicator;
+  auto runNow = [&] {
+    runTask(*work, held ? *held : steps, *communicator, opStream, *watchdog_, startsWithTask,
+            writes.get());
   };
+  auto keep = [&]() -> std::function<void()> {
+    return [work, held, steps = std::move(steps), communicator, opStream, watchdog = watchdog_,
+            startsWithTask, writes] {
+      runTask(*work, held ? *held : steps, *communicator, opStream, *watchdog, startsWithTask,
+              writes.get());
+    };
+  };
+  Task task(runNow, keep);
 
   // Timed ops are timed on their stream, from an event before the op to its end event.
   const bool timed = options_->useTiming() && !captured;

@@ -9,6 +9,7 @@
 #include "core/OnceMap.hpp"
 #include "core/Options.hpp"
 #include "core/Path.hpp"
+#include "core/TensorList.hpp"
 #include "core/Watchdog.hpp"
 #include "core/Work.hpp"
 
@@ -229,13 +230,19 @@ class ProcessGroup final : public c10d::Backend {
     // inline. Every op's launch path pays this: apart, they were three or four allocations.
     template <typename Scratch, typename Issue, typename Finish>
     static Steps over(Issue issue, Finish finish) {
+      return over(Scratch{}, std::move(issue), std::move(finish));
+    }
+    // The same, the scratch starting as `scratch`: what both closures use (the op's tensor) is
+    // held there once, rather than captured by each.
+    template <typename Scratch, typename Issue, typename Finish>
+    static Steps over(Scratch scratch, Issue issue, Finish finish) {
       struct Shared {
         Scratch scratch;
         Issue issue;
         Finish finish;
       };
       auto shared =
-          std::make_shared<Shared>(Shared{Scratch{}, std::move(issue), std::move(finish)});
+          std::make_shared<Shared>(Shared{std::move(scratch), std::move(issue), std::move(finish)});
       Shared* one = shared.get();
       Steps steps{[one](Communicator& comm, Kernels& kernels, c10::Stream stream) {
                     one->issue(one->scratch, comm, kernels, stream);
@@ -252,7 +259,7 @@ class ProcessGroup final : public c10d::Backend {
     const char* op;
     c10d::OpType opType;
     const at::Tensor& shapeOf;  // the tensor whose shape and dtype messages quote
-    std::vector<at::Tensor> inputs;
+    TensorList inputs;
     std::vector<at::Tensor> outputs;
     bool async;
     std::chrono::milliseconds timeout;  // kUnsetTimeout: the group's
@@ -310,11 +317,16 @@ class ProcessGroup final : public c10d::Backend {
   // Issues the op following the stream contract (Device.hpp).
   c10::intrusive_ptr<Work> issue(Launch launch, Path& path, Steps steps,
                                  c10::intrusive_ptr<c10::ivalue::Future> future);
+  // An op's task: issues its steps on `opStream` and settles its Work; a failure breaks the
+  // group. `writes`: the op's in-flight write check, or null.
+  static void runTask(Work& work, const Steps& steps, Communicator& communicator,
+                      c10::Stream opStream, Watchdog& watchdog, bool startsWithTask,
+                      InflightWriteCheck* writes);
   // A future for an op's outputs on `device`, not yet completed.
   static c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const Device& device);
   // Counts the op in its sequence and records it in the flight recorder; returns its record
   // id (-1 when the recorder is off).
-  int64_t trace(const Launch& launch, std::chrono::milliseconds timeout);
+  int64_t trace(const Launch& launch, std::chrono::milliseconds timeout, RecorderClock& clock);
   // This group as the flight recorder names it, made at its first recorded op (c10d names
   // the group after constructing it).
   const std::shared_ptr<const RecordedGroup>& recordedGroup();

@@ -27,12 +27,25 @@ class Task {
           return std::move(*static_cast<std::remove_reference_t<Callable>*>(target));
         }) {}
 
+  // Run now as `run`, which may borrow what it uses; kept as what `keep()` returns, which must
+  // own it. For a task whose references would cost atomic counts at every launch on a device
+  // that runs it at once (CUDA), where only a kept one needs them.
+  template <typename Run, typename Keep>
+  Task(Run& run, Keep& keep)
+      : callable_(&run),
+        keep_(&keep),
+        run_([](void* target) { (*static_cast<Run*>(target))(); }),
+        take_([](void* target) -> std::function<void()> {
+          return (*static_cast<Keep*>(target))();
+        }) {}
+
   void operator()() const { run_(callable_); }
   // The callable, moved into a std::function that may be kept; this Task is spent.
-  std::function<void()> take() && { return take_(callable_); }
+  std::function<void()> take() && { return take_(keep_ ? keep_ : callable_); }
 
  private:
   void* callable_;
+  void* keep_ = nullptr;
   void (*run_)(void*);
   std::function<void()> (*take_)(void*);
 };

@@ -148,7 +148,7 @@ void Watchdog::trackCaptured(c10::intrusive_ptr<Work> work) {
   captured_.push_back(std::move(work));
 }
 
-void Watchdog::collectEnded(Works& faulted) {
+void Watchdog::collectEnded(Works& faulted, RecorderClock& clock) {
   auto endedOrFaulted = [&](Works& from) {
     auto kept = from.begin();
     for (auto& work : from) {
@@ -160,7 +160,7 @@ void Watchdog::collectEnded(Works& faulted) {
           *kept++ = std::move(work);
           break;
         case Work::EndState::Passed:
-          retire(*work);
+          retire(*work, clock);
           ended_.push_back(std::move(work));
           break;
         case Work::EndState::DeviceError:
@@ -201,18 +201,23 @@ void Watchdog::settle(Works& faulted) {
   }
 }
 
-void Watchdog::releaseCompleted() {
+void Watchdog::releaseCompleted(RecorderClock& clock) {
   Works faulted;
   // Moved out rather than swapped: `ended_` keeps its capacity, so that the next op's end is
   // recorded without an allocation (this runs at every launch).
   c10::SmallVector<c10::intrusive_ptr<Work>, 4> released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    collectEnded(faulted);
+    collectEnded(faulted, clock);
     released.append(std::make_move_iterator(ended_.begin()), std::make_move_iterator(ended_.end()));
     ended_.clear();
   }
+  // A fault settled may break the group, which takes long: later records read the clock anew.
+  const bool faults = !faulted.empty() || timingFaulted_.load(std::memory_order_acquire);
   settle(faulted);
+  if (faults) {
+    clock.reset();
+  }
   for (auto& work : released) {
     work->releaseTensors();
   }
@@ -228,8 +233,10 @@ void Watchdog::check() {
   Works expired;
   std::vector<std::shared_ptr<Communicator>> communicators;
   {
+    RecorderClock clock;
     std::lock_guard<std::mutex> lock(mutex_);
-    collectEnded(faulted);  // recorded now; released by the next caller that launches or waits
+    collectEnded(faulted,
+                 clock);  // recorded now; released by the next caller that launches or waits
     const auto now = Clock::now();
     moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
     communicators = liveCommunicators(/*locked=*/true);
@@ -291,6 +298,11 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error) {
 }
 
 void Watchdog::retire(Work& work) {
+  RecorderClock clock;
+  retire(work, clock);
+}
+
+void Watchdog::retire(Work& work, RecorderClock& clock) {
   if (!work.markRetired()) {
     return;
   }
@@ -303,7 +315,7 @@ void Watchdog::retire(Work& work) {
       timingFault_ = std::current_exception();  // reported by settle()
       timingFaulted_.store(true, std::memory_order_release);
     }
-    health_->recorder().completed(work.info().traceId, duration);
+    health_->recorder().completed(work.info().traceId, duration, clock);
     stats_->ended(work.retrieveOpType(), /*succeeded=*/true, duration);
   } else {
     health_->recorder().failed(work.info().traceId, describeException(work.exception()));
@@ -337,8 +349,9 @@ bool Watchdog::finish(Clock::time_point deadline) {
     Works faulted;
     bool done = false;
     {
+      RecorderClock clock;
       std::lock_guard<std::mutex> lock(mutex_);
-      collectEnded(faulted);
+      collectEnded(faulted, clock);
       done = inFlight_.empty() && faulted.empty();
     }
     if (!faulted.empty()) {
@@ -419,8 +432,9 @@ size_t Watchdog::releaseAll(Clock::time_point deadline) {
     Works faulted;
     bool waiting = false;
     {
+      RecorderClock clock;
       std::lock_guard<std::mutex> lock(mutex_);
-      collectEnded(faulted);
+      collectEnded(faulted, clock);
       waiting = !failedRunning_.empty();
     }
     if (!faulted.empty()) {

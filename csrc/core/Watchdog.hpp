@@ -69,8 +69,13 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // Keeps a captured op's Work, which holds what its replays use, until wait() has joined it
   // or the group ends: a Work dropped unwaited still holds them.
   void trackCaptured(c10::intrusive_ptr<Work> work);
-  // Lets go of the ops whose end has passed, on the calling thread.
-  void releaseCompleted();
+  // Lets go of the ops whose end has passed, on the calling thread; `clock` dates what the
+  // flight recorder notes of them.
+  void releaseCompleted(RecorderClock& clock);
+  void releaseCompleted() {
+    RecorderClock clock;
+    releaseCompleted(clock);
+  }
 
   // Breaks the group with `error` (see above); `group` names it. Any thread; only the first
   // call does anything.
@@ -104,7 +109,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // With mutex_ held: moves the ops whose end has passed (in flight, or failed and waiting for
   // it) to ended_, and marks started ones in the flight recorder. Those whose event query met
   // a device error move to `faulted` instead, to be failed without the lock (settle()).
-  void collectEnded(Works& faulted);
+  void collectEnded(Works& faulted, RecorderClock& clock);
   // Without the lock: fails the `faulted` ops, puts them with the ended ones, and breaks the
   // group with the first fault (a device error, or a timing read that failed). Does nothing
   // when there is none.
@@ -112,6 +117,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // Counts the op's end, completed or failed, once: in the flight recorder and the stats. A
   // device error reading its duration is kept in timingFault_.
   void retire(Work& work);
+  void retire(Work& work, RecorderClock& clock);
   // The group's communicators still alive, taken with mutex_ held (the caller holds it when
   // `locked`), to be called into without it: a call may take long (abort, asyncError).
   std::vector<std::shared_ptr<Communicator>> liveCommunicators(bool locked = false);

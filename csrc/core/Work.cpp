@@ -25,19 +25,29 @@ Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
       timeout_(timeout),
       blockHostOnWait_(blockHostOnWait),
       watchdog_(std::move(watchdog)),
+      futureAsked_(future != nullptr),
       future_(std::move(future)) {}
 
 void Work::succeed() {
+  Settled unsettled = Settled::No;
+  if (!settled_.compare_exchange_strong(unsettled, Settled::Succeeded)) {
+    return;
+  }
+  // Most ops' futures are never asked for: then no lock. getFuture() notes the ask before it
+  // reads settled_, and this reads the note after settling (both sequentially consistent), so
+  // either it sees this op settled and makes its future completed, or this sees the ask and,
+  // under the lock the ask holds while it makes the future, completes that future.
+  if (!futureAsked_.load()) {
+    return;
+  }
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (settled_ != Settled::No) {
-      return;
-    }
-    settled_ = Settled::Succeeded;
     future = future_;
   }
-  if (future) {  // outside the lock: completing runs the future's callbacks
+  // Outside the lock: completing runs the future's callbacks. One made completed by a
+  // getFuture() that saw this op settled is left as it is.
+  if (future && !future->completed()) {
     future->markCompleted(c10::IValue(outputs_));
   }
 }
@@ -51,10 +61,10 @@ void Work::fail(std::exception_ptr cause) {
       failure_ = error;
       failed_.store(true, std::memory_order_release);
     }
-    if (settled_ != Settled::No) {
+    Settled unsettled = Settled::No;
+    if (!settled_.compare_exchange_strong(unsettled, Settled::Failed)) {
       return;
     }
-    settled_ = Settled::Failed;
     future = future_;
   }
   if (future) {
@@ -188,7 +198,7 @@ void Work::synchronize() {
   if (captured_) {
     joined_.store(true);
     releaseTensors();
-  } else if (pollEnd() == EndState::Passed) {
+  } else if (holding_.load(std::memory_order_acquire) && pollEnd() == EndState::Passed) {
     releaseTensors();
   }
 }
@@ -213,7 +223,12 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 }
 
 void Work::waitOrRaise(std::chrono::milliseconds timeout) {
-  if (!captured_) {
+  // A sync op's plain wait() has nothing to join nor to let go of: it reports what is known of
+  // the op, without a look at its end event (a device call on every op, where
+  // ProcessGroupNCCL's wait() makes none either); the watchdog and the next launch look.
+  const bool looksAtEnd = joinOnWait_ || holding_.load(std::memory_order_acquire) ||
+                          blockHostOnWait_ || timeout != kNoTimeout;
+  if (!captured_ && looksAtEnd) {
     if (end_ && joinOnWait_) {
       refuseWaitInsideCapture(device_->currentStream());  // before any query of its events
     }
@@ -277,12 +292,13 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
     if (future_) {
       return future_;
     }
-    if (settled_ == Settled::No) {  // the op's settling completes it
+    futureAsked_.store(true);              // before settled_ is read: see succeed()
+    if (settled_.load() == Settled::No) {  // the op's settling completes it
       future_ =
           c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device_->futureDevices());
       return future_;
     }
-    settledWith = settled_ == Settled::Failed ? failure_ : nullptr;
+    settledWith = settled_.load() == Settled::Failed ? failure_ : nullptr;
   }
   // Settled already: made outside the lock (on CUDA, completing it issues device calls), as
   // the op settled; a failure after a success does not change it.

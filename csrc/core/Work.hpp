@@ -147,8 +147,11 @@ class Work : public c10d::Work {
   std::atomic<bool> failed_{false};   // failure_ is set: read after every op, without the lock
   std::atomic<bool> holding_{false};  // inUse_ or temporaries_ was given (setEnd, markCaptured)
   enum class Settled : uint8_t { No, Succeeded, Failed };
-  mutable std::mutex mutex_;  // guards what follows
-  Settled settled_ = Settled::No;
+  // Settled by whichever of succeed() and fail() comes first (fail() with the lock held).
+  std::atomic<Settled> settled_{Settled::No};
+  // A future was handed out, or asked for (getFuture()): succeed() then looks for it.
+  std::atomic<bool> futureAsked_;
+  mutable std::mutex mutex_;    // guards what follows
   std::exception_ptr failure_;  // the first failure, even one after a success
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::vector<at::Tensor> inUse_;

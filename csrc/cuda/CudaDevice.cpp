@@ -15,8 +15,8 @@ namespace {
 // What an Event's deferred issues share: the pooled CUDA event, back in the pool only once
 // nothing can still record or wait on it.
 struct EventState {
-  EventState(std::shared_ptr<CudaApi> cuda, std::shared_ptr<CudaEventPool> pool, c10::Device device)
-      : cuda(std::move(cuda)), pool(std::move(pool)), device(device), event(this->pool->take()) {}
+  EventState(std::shared_ptr<CudaEventPool> pool, c10::Device device)
+      : cuda(&pool->cuda()), pool(std::move(pool)), device(device), event(this->pool->take()) {}
   ~EventState() { pool->give(event); }
 
   // `failed`: the record itself failed, so there is nothing to wait for. Waiters are woken
@@ -55,7 +55,7 @@ struct EventState {
   }
   bool isRecorded() const { return recorded.load(std::memory_order_acquire); }
 
-  const std::shared_ptr<CudaApi> cuda;
+  CudaApi* const cuda;  // the pool's, which it keeps alive
   const std::shared_ptr<CudaEventPool> pool;
   const c10::Device device;
   const cudaEvent_t event;
@@ -92,32 +92,24 @@ class CaptureModeScope {
 class CudaEvent final : public Event {
  public:
   CudaEvent(CudaDevice& device, std::shared_ptr<CudaEventPool> pool)
-      : device_(device),
-        state_(std::make_shared<EventState>(device.cuda(), std::move(pool), device.device())) {}
+      : device_(device), state_(std::make_shared<EventState>(std::move(pool), device.device())) {}
 
   void record(c10::Stream stream) override {
-    device_.issueFor(stream, [state = state_, stream] {
-      try {
-        auto onDevice = state->cuda->useDevice(state->device);
-        state->cuda->recordEvent(state->event, stream);
-      } catch (...) {
-        state->markRecorded(/*failed=*/true);  // no waiter is left waiting for it
-        throw;
-      }
-      state->markRecorded(/*failed=*/false);
-    });
+    // Only a record held back for later shares the state: one issued now needs no reference
+    // of its own (every op's launch records one or two).
+    if (!device_.heldBack(stream)) {
+      recordNow(*state_, stream);
+      return;
+    }
+    device_.issueFor(stream, [state = state_, stream] { recordNow(*state, stream); });
   }
 
   void block(c10::Stream stream) override {
-    device_.issueFor(stream, [state = state_, stream] {
-      // A stream outside the gate waits on the host until the event's record is issued (a
-      // gated lane issues it once its communicator has connected, or failed to).
-      if (!state->waitUntilRecorded()) {
-        return;
-      }
-      auto onDevice = state->cuda->useDevice(state->device);
-      state->cuda->streamWaitEvent(stream, state->event);
-    });
+    if (!device_.heldBack(stream)) {
+      blockNow(*state_, stream);
+      return;
+    }
+    device_.issueFor(stream, [state = state_, stream] { blockNow(*state, stream); });
   }
 
   bool query() override {
@@ -139,6 +131,27 @@ class CudaEvent final : public Event {
     auto onDevice = state_->cuda->useDevice(state_->device);
     CaptureModeScope threadLocal(*state_->cuda);
     return state_->cuda->elapsedMs(from->state_->event, state_->event);
+  }
+
+  static void recordNow(EventState& state, c10::Stream stream) {
+    try {
+      auto onDevice = state.cuda->useDevice(state.device);
+      state.cuda->recordEvent(state.event, stream);
+    } catch (...) {
+      state.markRecorded(/*failed=*/true);  // no waiter is left waiting for it
+      throw;
+    }
+    state.markRecorded(/*failed=*/false);
+  }
+
+  static void blockNow(EventState& state, c10::Stream stream) {
+    // A stream outside the gate waits on the host until the event's record is issued (a
+    // gated lane issues it once its communicator has connected, or failed to).
+    if (!state.waitUntilRecorded()) {
+      return;
+    }
+    auto onDevice = state.cuda->useDevice(state.device);
+    state.cuda->streamWaitEvent(stream, state.event);
   }
 
   bool synchronize(std::chrono::milliseconds timeout) override {
@@ -217,6 +230,9 @@ CudaEventPool::CudaEventPool(std::shared_ptr<CudaApi> cuda, c10::Device device, 
 CudaEventPool::~CudaEventPool() {
   try {  // a destructor: after a sticky CUDA error the events go with the context
     auto onDevice = cuda_->useDevice(device_);
+    if (cudaEvent_t event = spare_.load()) {
+      cuda_->destroyEvent(event);
+    }
     for (cudaEvent_t event : free_) {
       cuda_->destroyEvent(event);
     }
@@ -226,6 +242,9 @@ CudaEventPool::~CudaEventPool() {
 }
 
 cudaEvent_t CudaEventPool::take() {
+  if (cudaEvent_t event = spare_.exchange(nullptr, std::memory_order_acquire)) {
+    return event;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_.empty()) {
@@ -242,6 +261,11 @@ cudaEvent_t CudaEventPool::take() {
 // record (cudaStreamWaitEvent binds to the latest record at the time of the call), so the
 // next record on it changes nothing for that stream.
 void CudaEventPool::give(cudaEvent_t event) {
+  cudaEvent_t none = nullptr;
+  if (spare_.compare_exchange_strong(none, event, std::memory_order_release,
+                                     std::memory_order_relaxed)) {
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   free_.push_back(event);
 }

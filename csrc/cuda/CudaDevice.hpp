@@ -28,11 +28,15 @@ class CudaEventPool {
   cudaEvent_t take();
   void give(cudaEvent_t event);
   bool timing() const { return timing_; }
+  CudaApi& cuda() const { return *cuda_; }
 
  private:
   const std::shared_ptr<CudaApi> cuda_;
   const c10::Device device_;
   const bool timing_;
+  // One free event kept outside the lock: a sync op takes one and its retirement gives it back,
+  // so most launches find it here.
+  std::atomic<cudaEvent_t> spare_{nullptr};
   std::mutex mutex_;
   std::vector<cudaEvent_t> free_;
 };

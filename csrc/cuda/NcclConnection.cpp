@@ -404,6 +404,7 @@ void NcclConnection::settle(State state, std::exception_ptr failure) {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = state;
     failure_ = std::move(failure);
+    noteUsable();
     callbacks.swap(whenSettled_);  // later ones run at once (whenSettled)
   }
   changed_.notify_all();  // uses may go on: the callbacks' own work needs them
@@ -444,9 +445,36 @@ void NcclConnection::waitConnected() {
 }
 
 NcclConnection::Use NcclConnection::use(const char* call) {
+  // Every NCCL call of every op comes here: the common case, connected and neither aborted nor
+  // closed, takes no lock. A use counts itself before it looks at `usable_`, and abort() and
+  // beginClose() clear it before they count the uses (all sequentially consistent): either
+  // this sees it cleared and backs off, or they see this use and wait for it to end.
+  if (usable_.load()) {
+    fastUses_.fetch_add(1);
+    if (usable_.load()) {
+      return Use(*this, comm_, /*counted=*/true);  // comm_ is set before usable_, kept after
+    }
+    endCountedUse();
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   acquire(call, lock);
-  return Use(*this, comm_);
+  return Use(*this, comm_, /*counted=*/false);
+}
+
+void NcclConnection::noteUsable() {
+  usable_.store(state_ == State::Connected && !aborted_ && !closed_);
+}
+
+bool NcclConnection::noUseInProgress() const { return uses_ == 0 && fastUses_.load() == 0; }
+
+void NcclConnection::endCountedUse() {
+  fastUses_.fetch_sub(1);
+  if (!usable_.load()) {
+    // An abort() or beginClose() may be waiting for the uses to end: woken under its lock, so
+    // that it is either asleep already or has yet to count the uses, and then sees this end.
+    { std::lock_guard<std::mutex> lock(mutex_); }
+    changed_.notify_all();
+  }
 }
 
 void NcclConnection::acquire(const char* call) {
@@ -476,7 +504,13 @@ void NcclConnection::endUse() {
   changed_.notify_all();
 }
 
-NcclConnection::Use::~Use() { connection_.endUse(); }
+NcclConnection::Use::~Use() {
+  if (counted_) {
+    connection_.endCountedUse();
+  } else {
+    connection_.endUse();
+  }
+}
 
 void NcclConnection::Use::check(const char* call, ncclResult_t result) const {
   connection_.checkHeld(call, result);
@@ -510,10 +544,11 @@ void NcclConnection::abort() {
       return;
     }
     aborted_ = true;
+    noteUsable();
     changed_.notify_all();
     // Uses poll and see the abort at once; none blocks inside NCCL, whose calls on a
     // non-blocking communicator return at once.
-    if (!changed_.wait_for(lock, kAbortGrace, [&] { return uses_ == 0; })) {
+    if (!changed_.wait_for(lock, kAbortGrace, [&] { return noUseInProgress(); })) {
       LOG(WARNING) << who() << " a call on the communicator did not return within "
                    << kAbortGrace.count() << " s of abort(); aborting it anyway";
     }
@@ -568,6 +603,7 @@ void NcclConnection::beginClose() {
       return;
     }
     closed_ = true;  // no Use from now on
+    noteUsable();
     if (state_ != State::Connected) {
       // Still connecting (its connecting thread holds a use until then) or never connected:
       // nothing to flush, so no call to wait for.
@@ -580,7 +616,7 @@ void NcclConnection::beginClose() {
     }
     // A call in progress on another thread (NCCL communicators are not thread-safe) ends
     // before the communicator is finalized under it.
-    if (!changed_.wait_for(lock, kAbortGrace, [&] { return uses_ == 0; })) {
+    if (!changed_.wait_for(lock, kAbortGrace, [&] { return noUseInProgress(); })) {
       LOG(WARNING) << who() << " a call on the communicator did not return within "
                    << kAbortGrace.count() << " s of its group's end; finalizing it anyway";
     }

@@ -27,6 +27,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -108,9 +109,11 @@ class NcclConnection {
 
    private:
     friend class NcclConnection;
-    Use(NcclConnection& connection, ncclComm_t comm) : connection_(connection), comm_(comm) {}
+    Use(NcclConnection& connection, ncclComm_t comm, bool counted)
+        : connection_(connection), comm_(comm), counted_(counted) {}
     NcclConnection& connection_;
     const ncclComm_t comm_;
+    const bool counted_;  // taken without the lock (fastUses_), not in uses_
   };
   // Waits until connected, then holds the communicator for one call (see above).
   Use use(const char* call);
@@ -185,6 +188,12 @@ class NcclConnection {
   // acquire(), with mutex_ held by `lock`.
   void acquire(const char* call, std::unique_lock<std::mutex>& lock);
   void endUse();
+  // The lock-free use's end (use()).
+  void endCountedUse();
+  // With mutex_ held: usable_ from the state, after each change of it.
+  void noteUsable();
+  // With mutex_ held: no use, counted either way, is in progress.
+  bool noUseInProgress() const;
   void settle(State state, std::exception_ptr failure);
 
   const Settings settings_;
@@ -202,6 +211,11 @@ class NcclConnection {
   ncclResult_t finalized_ = ncclSuccess;
   ncclComm_t comm_ = nullptr;  // null again once destroyed
   int uses_ = 0;
+  // Connected, and neither aborted nor closed (noteUsable()); read by use() without the lock.
+  std::atomic<bool> usable_{false};
+  // Uses taken without the lock because usable_ was set; abort() and beginClose() wait for
+  // them as for uses_.
+  std::atomic<int> fastUses_{0};
   // Shrinks and splits of this communicator in progress: its state is then theirs to poll
   // (NCCL's poll of it ends the thread making the child, which two threads must not do at
   // once).
