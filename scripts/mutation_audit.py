@@ -161,7 +161,12 @@ MUTANTS = [
            [("return uses_ == 0 && fastUses_.load() == 0;", "return uses_ == 0;")]),
     # --- the watchdog and teardown
     Mutant("timeouts-ignored", "the watchdog times nothing out", "csrc/core/Watchdog.cpp",
-           [("return work.expiredBy(now);", "return false && work.expiredBy(now);")]),
+           [("      if (work->expiredBy(now)) {", "      if (false && work->expiredBy(now)) {")]),
+    Mutant("failed-before-dump", "an op fails before the group's dump is written",
+           "csrc/core/Watchdog.cpp",
+           [("  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);",
+             "  if (failCause) {\n    failCause();\n  }\n"
+             "  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);")]),
     Mutant("async-errors-ignored", "asynchronous NCCL errors are not polled",
            "csrc/core/Watchdog.cpp",
            [("    if (std::string error = communicator->asyncError(); !error.empty()) {",

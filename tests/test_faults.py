@@ -12,6 +12,7 @@ import pytest
 import streamnccl
 import torch
 import torch.distributed as dist
+from blocked_dump import BlockedDump
 
 GROUP_TIMEOUT_S = 3
 FAULTY_RANK, FAULTY_OP = 1, 2
@@ -252,6 +253,33 @@ def _skipping_peer(ctx, async_op):
     dist.destroy_process_group(group)
     shutil.rmtree(dump_dir)
     return detected_after
+
+
+def _failure_hidden_until_dumped(ctx):
+    # Rank 1 never calls op 2; rank 0's dump blocks. While it does, the op must not have failed
+    # yet, or a caller polling for the failure (a blocking wait, a wait with a timeout) would
+    # raise before the dump exists.
+    me = ctx.rank
+    group, dump_dir = group_with_dump(me)
+    dist.all_reduce(torch.ones(1), group=group)
+    if me == 0:
+        dump = BlockedDump(dump_dir, dist.get_rank())
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+        dump.wait_for_writer(timeout_s=GROUP_TIMEOUT_S + 30)
+        assert work.is_success(), "the op failed before its dump was written"
+        dump = dump.read()
+        with pytest.raises(dist.DistBackendError, match=r"allreduce #2 \(\[4\], Float\)"):
+            work.wait()
+        entries = [e for e in dump["entries"] if e["process_group"][0] == group.group_name]
+        assert entries[-1]["collective_seq_id"] == 2 and "error" in entries[-1], entries[-1]
+    dist.barrier()  # the skipping rank keeps its side open until rank 0 is done
+    dist.destroy_process_group(group)
+    shutil.rmtree(dump_dir)
+    return True
+
+
+def test_an_op_fails_only_once_its_dump_is_written(rank_pools):
+    assert rank_pools(2).run(_failure_hidden_until_dumped) == [True, True]
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])

@@ -281,6 +281,50 @@ def test_a_cuda_error_in_the_watchdog_breaks_the_group_with_evidence(call, timin
     assert "violations: []" in output
 
 
+A_FAILURE_SHOWS_ONCE_DUMPED = """
+    import tempfile, torch
+    from datetime import timedelta
+    from blocked_dump import BlockedDump
+    from torch._C._distributed_c10d import AllreduceOptions
+    dump_dir = tempfile.mkdtemp()
+    pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=1), trace_buffer_size=8)
+    dump = BlockedDump(dump_dir, 0)
+    gpu.hold_events(True)
+    work = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
+    {fault}
+    dump.wait_for_writer(timeout_s=30)
+    print("failed while dumping:", not work.is_success())
+    last = dump.read()["entries"][-1]
+    print("dumped:", last["profiling_name"], "error" in last)
+    gpu.hold_events(False)
+    try:
+        work.wait()
+    except Exception as error:
+        print("op:", type(error).__name__, error)
+    pg.abort()
+    print("alive")
+"""
+
+
+@pytest.mark.parametrize(
+    "fault, error",
+    [
+        ("", "timed out after 1000 ms (streamnccl watchdog)"),
+        ('gpu.fail_cuda("cudaEventQuery", "an illegal memory access", sticky=True)',
+         "an illegal memory access"),
+    ],
+    ids=["timeout", "device-error"],
+)  # fmt: skip
+def test_the_watchdog_fails_an_op_only_once_its_dump_is_written(fault, error):
+    # A caller polling for the failure (a blocking wait, a wait with a timeout) must find the
+    # dump there once it learns of it: the watchdog fails the op after writing it.
+    output = run_child(A_FAILURE_SHOWS_ONCE_DUMPED.format(fault=fault))
+    assert "failed while dumping: False" in output, output
+    assert "dumped: nccl:all_reduce True" in output, output
+    assert "op: DistBackendError" in output and error in output.split("op:")[1], output
+    assert "alive" in output
+
+
 # --- defect 4: a captured op holds what its replays use until wait()
 
 

@@ -570,9 +570,10 @@ void ProcessGroup::runTask(Work& work, const Steps& steps, Communicator& communi
     }
     work.succeed();  // completed is recorded when its end event has passed
   } catch (...) {
-    work.fail(std::current_exception());
-    watchdog.health().recorder().failed(info.traceId, describeException(std::current_exception()));
-    watchdog.breakGroup(info, work.exception());
+    const std::exception_ptr cause = std::current_exception();
+    watchdog.health().recorder().failed(info.traceId, describeException(cause));
+    // The op fails once the group's dump is written: whoever learns of it finds the dump.
+    watchdog.breakGroup(info, work.failureFor(cause), [&] { work.fail(cause); });
   }
 }
 

@@ -176,18 +176,27 @@ void Watchdog::collectEnded(Works& faulted, RecorderClock& clock) {
 }
 
 void Watchdog::settle(Works& faulted) {
+  // The faults are in the flight recorder, and its dump written, before any of these ops
+  // fails: a caller polling for the failure (a blocking wait) then finds the dump.
   std::exception_ptr fault;
   for (auto& work : faulted) {
-    work->failWithDeviceError();
-    retire(*work);
+    const std::exception_ptr error = work->failureFor(work->deviceError());
+    health_->recorder().failed(work->info().traceId, describeException(error));
     if (!fault) {
-      fault = work->exception();
+      fault = error;
     }
   }
+  Works failing = faulted;
   if (!faulted.empty()) {
     std::lock_guard<std::mutex> lock(mutex_);
     append(ended_, faulted);  // their device runs nothing more: nothing uses their memory
   }
+  auto failFaulted = [&] {
+    for (auto& work : failing) {
+      work->failWithDeviceError();
+      retire(*work);
+    }
+  };
   if (timingFaulted_.load(std::memory_order_acquire)) {  // rare: not locked for on every op
     std::lock_guard<std::mutex> lock(timingFaultMutex_);
     if (!fault) {
@@ -197,7 +206,8 @@ void Watchdog::settle(Works& faulted) {
   }
   if (fault) {
     const OpInfo group = describeGroup();
-    breakGroup(group, makeDistBackendError(group.who() + " " + describeException(fault)));
+    breakGroup(group, makeDistBackendError(group.who() + " " + describeException(fault)),
+               failFaulted);
   }
 }
 
@@ -238,24 +248,34 @@ void Watchdog::check() {
     collectEnded(faulted,
                  clock);  // recorded now; released by the next caller that launches or waits
     const auto now = Clock::now();
-    moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
+    // Left in flight: they fail once the group's evidence is written (below), and breaking
+    // the group then moves them with the others.
+    for (const auto& work : inFlight_) {
+      if (work->expiredBy(now)) {
+        expired.push_back(work);
+      }
+    }
     communicators = liveCommunicators(/*locked=*/true);
   }
   settle(faulted);
   if (!expired.empty()) {
+    // Recorded, and the dump written, before they fail: a caller polling for the failure (a
+    // blocking wait, a wait with a timeout) then finds the dump.
+    std::vector<std::exception_ptr> timeouts;
     for (auto& work : expired) {
       const std::string& path = work->info().path;
-      work->fail("timed out after " + std::to_string(work->timeout().count()) +
-                 " ms (streamnccl watchdog)" + (path.empty() ? "" : " on the " + path));
-      retire(*work);
+      timeouts.push_back(std::make_exception_ptr(std::runtime_error(
+          "timed out after " + std::to_string(work->timeout().count()) +
+          " ms (streamnccl watchdog)" + (path.empty() ? "" : " on the " + path))));
+      health_->recorder().failed(work->info().traceId,
+                                 describeException(work->failureFor(timeouts.back())));
     }
-    const OpInfo first = expired.front()->info();
-    const std::exception_ptr error = expired.front()->exception();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      append(failedRunning_, expired);  // let go once their end has passed
-    }
-    breakGroup(first, error);
+    breakGroup(expired.front()->info(), expired.front()->failureFor(timeouts.front()), [&] {
+      for (size_t i = 0; i < expired.size(); ++i) {
+        expired[i]->fail(timeouts[i]);
+        retire(*expired[i]);
+      }
+    });
   }
   for (const auto& communicator : communicators) {
     if (std::string error = communicator->asyncError(); !error.empty()) {
@@ -266,13 +286,17 @@ void Watchdog::check() {
   }
 }
 
-void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error) {
+void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
+                          const std::function<void()>& failCause) {
   bool broke = false;
   try {
-    broke = health_->breakWith(group, error);
+    broke = health_->breakWith(group, error);  // returns once the evidence is written
   } catch (const std::exception& e) {  // the evidence failed to write: the group still breaks
     LOG(ERROR) << group.who() << " breaking the group: " << e.what();
     broke = true;
+  }
+  if (failCause) {
+    failCause();
   }
   if (!broke) {
     return;

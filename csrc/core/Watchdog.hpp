@@ -78,8 +78,12 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   }
 
   // Breaks the group with `error` (see above); `group` names it. Any thread; only the first
-  // call does anything.
-  void breakGroup(const OpInfo& group, std::exception_ptr error);
+  // call breaks it. `failCause` fails the ops whose failure this is, on every call: once the
+  // group's evidence (the flight recorder's dump) is written, so that whoever learns of a
+  // failure finds it there, and before the other ops in flight fail with the group's error,
+  // so that those ops keep their own.
+  void breakGroup(const OpInfo& group, std::exception_ptr error,
+                  const std::function<void()>& failCause = {});
 
   // At the group's end: waits until every op in flight has ended, the group breaks, or
   // `deadline` passes. True when every op ended (and the group is not broken).

@@ -52,8 +52,12 @@ void Work::succeed() {
   }
 }
 
+std::exception_ptr Work::failureFor(std::exception_ptr cause) const {
+  return makeDistBackendError(info_.describe() + ": " + describeException(cause));
+}
+
 void Work::fail(std::exception_ptr cause) {
-  auto error = makeDistBackendError(info_.describe() + ": " + describeException(cause));
+  auto error = failureFor(cause);
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);

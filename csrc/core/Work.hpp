@@ -44,6 +44,9 @@ class Work : public c10d::Work {
   // the future; a later fail() still records its error if none was.
   void fail(std::exception_ptr cause);
   void fail(const std::string& reason);
+  // The error fail(cause) gives the op, made without failing it: the flight recorder and the
+  // group's dump hold it before anyone can learn of the failure (Watchdog::breakGroup).
+  std::exception_ptr failureFor(std::exception_ptr cause) const;
 
   // The event after the op on its stream, and every tensor the op touches, held until that
   // event has passed. `joinOnWait`: wait() makes the caller's stream wait for `end` (async
