@@ -34,12 +34,6 @@ void failSplit(const c10::intrusive_ptr<c10d::Store>& store, const std::string& 
 
 std::atomic<int64_t> groupsMade{0};
 
-// The value type of every op's future. Made once: making it is a shared allocation, per op.
-const c10::TypePtr& tensorListType() {
-  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
-  return type;
-}
-
 // `rank`, checked against `size` before any of the group's threads starts.
 int validRank(int rank, int size) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,

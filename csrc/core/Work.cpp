@@ -6,14 +6,10 @@
 
 namespace streamnccl {
 
-namespace {
-
 const c10::TypePtr& tensorListType() {
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
   return type;
 }
-
-}  // namespace
 
 Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
            std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,

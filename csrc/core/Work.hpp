@@ -18,6 +18,10 @@ namespace streamnccl {
 class InflightWriteCheck;
 class Watchdog;
 
+// The value type of every op's future, a list of tensors. Made once: making it is a shared
+// allocation, per op.
+const c10::TypePtr& tensorListType();
+
 // The handle c10d returns to Python for one op. See the stream contract in Device.hpp for
 // what wait() does, and what the Work holds for how long (rule 5).
 //
