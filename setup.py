@@ -75,7 +75,12 @@ def make_extension():
         name="streamnccl._C",
         include_dirs=[str(ROOT / "csrc")],
         define_macros=[("STREAMNCCL_VERSION", f'"{VERSION}"')],
-        extra_compile_args={"cxx": ["-O2", "-std=c++17", "-Wall", "-Wno-unused-function"]},
+        # The file prefix map: error messages (__FILE__ in TORCH_CHECK and NCCL errors) and the
+        # debug info name csrc/..., not the folder the extension was built in.
+        extra_compile_args={
+            "cxx": ["-O2", "-std=c++17", "-Wall", "-Wno-unused-function"]
+            + [f"-ffile-prefix-map={ROOT}/="]
+        },
         extra_link_args=[libstdcxx] if libstdcxx else [],
     )
     nccl = find_nccl() if nccl_wanted() else None

@@ -54,6 +54,15 @@ def test_extension_links_the_nccl_library():
     assert "nccl" in info["paths"]
 
 
+def test_errors_name_their_source_file_from_the_project_root():
+    """__FILE__ in an error (TORCH_CHECK, an NCCL call's) reads csrc/...: nothing of the folder
+    the extension was built in reaches a user's log."""
+    root = Path(__file__).resolve().parents[1]
+    binary = Path(streamnccl._C.__file__).read_bytes()
+    assert b"csrc/core/ProcessGroup.cpp" in binary
+    assert (str(root) + "/csrc").encode() not in binary
+
+
 # Symbols that only libstdc++ itself defines (no user's code instantiates them): a library that
 # defines one carries its own copy of libstdc++.
 LIBSTDCXX_OWN_SYMBOLS = {
