@@ -161,7 +161,11 @@ MUTANTS = [
            [("return uses_ == 0 && fastUses_.load() == 0;", "return uses_ == 0;")]),
     # --- the watchdog and teardown
     Mutant("timeouts-ignored", "the watchdog times nothing out", "csrc/core/Watchdog.cpp",
-           [("      if (work->expiredBy(now)) {", "      if (false && work->expiredBy(now)) {")]),
+           [("return work.expiredBy(now);", "return false && work.expiredBy(now);")]),
+    Mutant("device-error-fails-before-dump",
+           "a caller meeting an op's device error fails it before the group's dump is written",
+           "csrc/core/Work.cpp",
+           [("    watchdog->failOnDeviceError(*this, cause);", "    fail(cause);")]),
     Mutant("failed-before-dump", "an op fails before the group's dump is written",
            "csrc/core/Watchdog.cpp",
            [("  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);",

@@ -14,8 +14,12 @@ import time
 
 
 class BlockedDump:
+    """Use it as a context manager: whatever happens in the test, its end lets the writer go
+    (the dump then fails to write), so that a failed assertion is not a hang."""
+
     def __init__(self, dump_dir, rank):
-        self.path = os.path.join(dump_dir, f".writing_rank_{rank}")
+        self.path = os.path.join(os.path.realpath(dump_dir), f".writing_rank_{rank}")
+        self.written = os.path.join(os.path.realpath(dump_dir), f"streamnccl_trace_rank_{rank}")
         os.mkfifo(self.path)
         # Open for reading and writing, which never blocks (a plain open waits for a writer),
         # and filled: the writer's first write then waits for read().
@@ -37,7 +41,20 @@ class BlockedDump:
         """Lets the writer finish, and returns the dump."""
         with open(self.path, "rb") as pipe:  # the writer has it open: no wait
             os.close(self._held)
+            self._held = None
             return pickle.loads(pipe.read()[self._filled :])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._held is not None:
+            # Unlinked first, so that no later writer opens the FIFO (and waits for a reader);
+            # a writer in it meets the closed end and gives up.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self._held)
+            self._held = None
 
     def _descriptors(self):
         count = 0

@@ -282,25 +282,35 @@ def test_a_cuda_error_in_the_watchdog_breaks_the_group_with_evidence(call, timin
 
 
 A_FAILURE_SHOWS_ONCE_DUMPED = """
-    import tempfile, torch
+    import os, tempfile, threading, torch
     from datetime import timedelta
+    import torch.distributed as dist
     from blocked_dump import BlockedDump
     from torch._C._distributed_c10d import AllreduceOptions
     dump_dir = tempfile.mkdtemp()
     pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=1), trace_buffer_size=8)
-    dump = BlockedDump(dump_dir, 0)
     gpu.hold_events(True)
     work = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
-    {fault}
-    dump.wait_for_writer(timeout_s=30)
-    print("failed while dumping:", not work.is_success())
-    last = dump.read()["entries"][-1]
+    seen = []
+    def wait_then_look():  # a caller polling for the failure
+        try:
+            work.wait(timedelta(seconds=30))
+            seen.append("completed")
+        except dist.DistBackendError as error:
+            seen.append((os.path.exists(blocked.written), str(error)))
+    with BlockedDump(dump_dir, 0) as blocked:
+        {fault}
+        blocked.wait_for_writer(timeout_s=30)
+        print("failed while dumping:", not work.is_success())
+        waiter = threading.Thread(target=wait_then_look)
+        waiter.start()
+        waiter.join(timeout=2)  # returns at once where the wait does not wait for the dump
+        last = blocked.read()["entries"][-1]
+    waiter.join(timeout=30)
     print("dumped:", last["profiling_name"], "error" in last)
+    print("dump there when the wait raised:", seen[0][0])
+    print("op:", seen[0][1])
     gpu.hold_events(False)
-    try:
-        work.wait()
-    except Exception as error:
-        print("op:", type(error).__name__, error)
     pg.abort()
     print("alive")
 """
@@ -315,13 +325,14 @@ A_FAILURE_SHOWS_ONCE_DUMPED = """
     ],
     ids=["timeout", "device-error"],
 )  # fmt: skip
-def test_the_watchdog_fails_an_op_only_once_its_dump_is_written(fault, error):
-    # A caller polling for the failure (a blocking wait, a wait with a timeout) must find the
-    # dump there once it learns of it: the watchdog fails the op after writing it.
+def test_an_op_fails_only_once_its_dump_is_written(fault, error):
+    # Whoever learns of a failure, the watchdog or a caller looking at the op's end, it is
+    # raised only once the dump is there to read.
     output = run_child(A_FAILURE_SHOWS_ONCE_DUMPED.format(fault=fault))
     assert "failed while dumping: False" in output, output
     assert "dumped: nccl:all_reduce True" in output, output
-    assert "op: DistBackendError" in output and error in output.split("op:")[1], output
+    assert "dump there when the wait raised: True" in output, output
+    assert error in output.split("op:")[1], output
     assert "alive" in output
 
 

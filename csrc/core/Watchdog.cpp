@@ -4,6 +4,7 @@
 #include "core/GroupThreads.hpp"
 
 #include <c10/util/Logging.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/thread_name.h>
 
@@ -176,25 +177,25 @@ void Watchdog::collectEnded(Works& faulted, RecorderClock& clock) {
 }
 
 void Watchdog::settle(Works& faulted) {
-  // The faults are in the flight recorder, and its dump written, before any of these ops
-  // fails: a caller polling for the failure (a blocking wait) then finds the dump.
+  // Counted as failed, and the dump written, before any of these ops fails: a caller polling
+  // for the failure (a blocking wait) then finds the dump. Meanwhile they are in no list, so
+  // nothing counts them again, and they go to ended_ once failed (moved: this thread never
+  // holds a Work's last reference).
   std::exception_ptr fault;
   for (auto& work : faulted) {
     const std::exception_ptr error = work->failureFor(work->deviceError());
-    health_->recorder().failed(work->info().traceId, describeException(error));
+    retireFailed(*work, error);
     if (!fault) {
       fault = error;
     }
   }
-  Works failing = faulted;
-  if (!faulted.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    append(ended_, faulted);  // their device runs nothing more: nothing uses their memory
-  }
   auto failFaulted = [&] {
-    for (auto& work : failing) {
+    auto handOn = c10::make_scope_exit([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      append(ended_, faulted);  // their device runs nothing more: nothing uses their memory
+    });
+    for (auto& work : faulted) {
       work->failWithDeviceError();
-      retire(*work);
     }
   };
   if (timingFaulted_.load(std::memory_order_acquire)) {  // rare: not locked for on every op
@@ -209,6 +210,14 @@ void Watchdog::settle(Works& faulted) {
     breakGroup(group, makeDistBackendError(group.who() + " " + describeException(fault)),
                failFaulted);
   }
+}
+
+void Watchdog::failOnDeviceError(Work& work, std::exception_ptr cause) {
+  const std::exception_ptr error = work.failureFor(cause);
+  health_->recorder().failed(work.info().traceId, describeException(error));
+  const OpInfo group = describeGroup();
+  breakGroup(group, makeDistBackendError(group.who() + " " + describeException(error)),
+             [&] { work.fail(cause); });
 }
 
 void Watchdog::releaseCompleted(RecorderClock& clock) {
@@ -248,32 +257,29 @@ void Watchdog::check() {
     collectEnded(faulted,
                  clock);  // recorded now; released by the next caller that launches or waits
     const auto now = Clock::now();
-    // Left in flight: they fail once the group's evidence is written (below), and breaking
-    // the group then moves them with the others.
-    for (const auto& work : inFlight_) {
-      if (work->expiredBy(now)) {
-        expired.push_back(work);
-      }
-    }
+    moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
     communicators = liveCommunicators(/*locked=*/true);
   }
   settle(faulted);
   if (!expired.empty()) {
-    // Recorded, and the dump written, before they fail: a caller polling for the failure (a
-    // blocking wait, a wait with a timeout) then finds the dump.
+    // Counted as failed, and the dump written, before they fail: a caller polling for the
+    // failure (a blocking wait, a wait with a timeout) then finds the dump. Meanwhile they are
+    // in no list (nothing counts them again), and once failed they wait for their end.
     std::vector<std::exception_ptr> timeouts;
     for (auto& work : expired) {
       const std::string& path = work->info().path;
       timeouts.push_back(std::make_exception_ptr(std::runtime_error(
           "timed out after " + std::to_string(work->timeout().count()) +
           " ms (streamnccl watchdog)" + (path.empty() ? "" : " on the " + path))));
-      health_->recorder().failed(work->info().traceId,
-                                 describeException(work->failureFor(timeouts.back())));
+      retireFailed(*work, work->failureFor(timeouts.back()));
     }
     breakGroup(expired.front()->info(), expired.front()->failureFor(timeouts.front()), [&] {
+      auto handOn = c10::make_scope_exit([&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        append(failedRunning_, expired);  // let go once their end has passed
+      });
       for (size_t i = 0; i < expired.size(); ++i) {
         expired[i]->fail(timeouts[i]);
-        retire(*expired[i]);
       }
     });
   }
@@ -295,18 +301,24 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     LOG(ERROR) << group.who() << " breaking the group: " << e.what();
     broke = true;
   }
-  if (failCause) {
-    failCause();
-  }
-  if (!broke) {
-    return;
-  }
   const std::string reason = "the group broke: " + describeException(error);
   Works failing;
-  {
+  if (broke) {
+    // Taken before the cause's ops fail, whose futures' callbacks may end the group: its
+    // teardown then finds the group broken and every op in a list it lets go of.
     std::lock_guard<std::mutex> lock(mutex_);
     failing.swap(inFlight_);
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
+  }
+  if (failCause) {
+    try {
+      failCause();                       // first: those ops keep their own error
+    } catch (const std::exception& e) {  // a future's callback: the group must still break
+      LOG(ERROR) << group.who() << " failing the ops that broke the group: " << e.what();
+    }
+  }
+  if (!broke) {
+    return;
   }
   for (auto& work : failing) {
     work->fail(reason);
@@ -324,6 +336,14 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
 void Watchdog::retire(Work& work) {
   RecorderClock clock;
   retire(work, clock);
+}
+
+void Watchdog::retireFailed(Work& work, const std::exception_ptr& error) {
+  if (!work.markRetired()) {
+    return;
+  }
+  health_->recorder().failed(work.info().traceId, describeException(error));
+  stats_->ended(work.retrieveOpType(), /*succeeded=*/false, std::nullopt);
 }
 
 void Watchdog::retire(Work& work, RecorderClock& clock) {

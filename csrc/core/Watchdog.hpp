@@ -84,6 +84,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // so that those ops keep their own.
   void breakGroup(const OpInfo& group, std::exception_ptr error,
                   const std::function<void()>& failCause = {});
+  // A caller met a device error, `cause`, looking at `work`: the group breaks with it, and the
+  // op fails once the dump is written (as settle() does for those the thread meets).
+  void failOnDeviceError(Work& work, std::exception_ptr cause);
 
   // At the group's end: waits until every op in flight has ended, the group breaks, or
   // `deadline` passes. True when every op ended (and the group is not broken).
@@ -122,6 +125,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // device error reading its duration is kept in timingFault_.
   void retire(Work& work);
   void retire(Work& work, RecorderClock& clock);
+  // Counts the op's end as a failure with `error` before the op fails (the group's dump must
+  // hold it first), once, as retire() does.
+  void retireFailed(Work& work, const std::exception_ptr& error);
   // The group's communicators still alive, taken with mutex_ held (the caller holds it when
   // `locked`), to be called into without it: a call may take long (abort, asyncError).
   std::vector<std::shared_ptr<Communicator>> liveCommunicators(bool locked = false);

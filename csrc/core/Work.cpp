@@ -149,6 +149,14 @@ std::exception_ptr Work::deviceError() const {
   return deviceError_;
 }
 
+void Work::reportDeviceError(std::exception_ptr cause) {
+  if (auto watchdog = watchdog_.lock()) {
+    watchdog->failOnDeviceError(*this, cause);
+  } else {
+    fail(cause);  // the group is gone: nobody else to tell
+  }
+}
+
 void Work::failWithDeviceError() {
   if (auto error = deviceError()) {
     fail(error);
@@ -161,7 +169,7 @@ bool Work::isCompleted() {
   }
   const EndState state = pollEnd();
   if (state == EndState::DeviceError) {
-    failWithDeviceError();
+    reportDeviceError(deviceError());
   }
   if (state != EndState::Pending && writes_) {
     writes_->noteCompletionVisible();  // a write after this may have followed it
@@ -212,7 +220,7 @@ bool Work::wait(std::chrono::milliseconds timeout) {
     throw;  // the op's failure, or its timeout
   } catch (const c10::Error&) {
     // A CUDA error on the way (a sticky one fails every call): the op's device failed.
-    fail(std::current_exception());
+    reportDeviceError(std::current_exception());
     std::rethrow_exception(exception());
   }
   // Outside the try: a write found is the caller's error, not the device's.
@@ -234,7 +242,7 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
     }
     if (pollEnd() == EndState::DeviceError) {
       // The device failed (a CUDA error looking at the op): nothing more is issued to it.
-      failWithDeviceError();
+      reportDeviceError(deviceError());
       std::rethrow_exception(exception());
     }
   }
@@ -309,7 +317,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
     } catch (const c10::Error&) {
       // A CUDA error on the way (a sticky one fails every call): the op's device failed, as a
       // wait() would report it.
-      fail(std::current_exception());
+      reportDeviceError(std::current_exception());
       settledWith = exception();
     }
   }

@@ -121,6 +121,10 @@ class Work : public c10d::Work {
   }
 
  private:
+  // A device error met by a caller looking at the op (pollEnd() found one, or a CUDA call
+  // failed): the group breaks with it, and the op fails with `cause` once the group's dump is
+  // written (Watchdog::failOnDeviceError).
+  void reportDeviceError(std::exception_ptr cause);
   // The caller's current stream joins the op (`end`); refused, with a clear error, where CUDA
   // would refuse it (a capture waiting on work recorded outside it).
   void joinCurrentStream();
