@@ -302,6 +302,7 @@ A_FAILURE_SHOWS_ONCE_DUMPED = """
         {fault}
         blocked.wait_for_writer(timeout_s=30)
         print("failed while dumping:", not work.is_success())
+        print("completed while dumping:", work.is_completed())  # and it does not wait
         waiter = threading.Thread(target=wait_then_look)
         waiter.start()
         waiter.join(timeout=2)  # returns at once where the wait does not wait for the dump
@@ -330,10 +331,96 @@ def test_an_op_fails_only_once_its_dump_is_written(fault, error):
     # raised only once the dump is there to read.
     output = run_child(A_FAILURE_SHOWS_ONCE_DUMPED.format(fault=fault))
     assert "failed while dumping: False" in output, output
+    assert "completed while dumping: False" in output, output
     assert "dumped: nccl:all_reduce True" in output, output
     assert "dump there when the wait raised: True" in output, output
     assert error in output.split("op:")[1], output
     assert "alive" in output
+
+
+A_DUMP_THAT_NEVER_ENDS = """
+    import tempfile, time, torch
+    from datetime import timedelta
+    import torch.distributed as dist
+    from blocked_dump import BlockedDump
+    from torch._C._distributed_c10d import AllreduceOptions
+    dump_dir = tempfile.mkdtemp()
+    pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=1), trace_buffer_size=8)
+    gpu.hold_events(True)
+    work = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
+    with BlockedDump(dump_dir, 0) as blocked:  # never read: the writer never finishes
+        blocked.wait_for_writer(timeout_s=30)
+        try:
+            work.wait(timedelta(seconds=120))
+            print("op: completed")
+        except dist.DistBackendError as error:
+            print("op:", error)
+    gpu.hold_events(False)
+    pg.abort()
+    print("alive")
+"""
+
+
+def test_a_dump_that_never_ends_delays_the_failure_but_does_not_stop_it():
+    # The ops fail once the dump is written, or once the writer has had 30 s: a hung file
+    # system must not turn a timeout into a hang.
+    output = run_child(A_DUMP_THAT_NEVER_ENDS, timeout_s=120)
+    assert "timed out after 1000 ms (streamnccl watchdog)" in output.split("op:")[1], output
+    assert "alive" in output
+
+
+A_TEARDOWN_DURING_A_BREAK = """
+    import gc, tempfile, threading, torch
+    from datetime import timedelta
+    import torch.distributed as dist
+    from blocked_dump import BlockedDump
+    from torch._C._distributed_c10d import AllreduceOptions
+    dump_dir = tempfile.mkdtemp()
+    pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=20), trace_buffer_size=8)
+    gpu.hold_events(True)
+    first = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
+    second = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
+    # Its Work dropped, only the group holds its tensor. Not contiguous: a copy-back follows its
+    # NCCL kernel, and still runs after the abort.
+    pg.allreduce([torch.ones(6, 2).t()], t.opts(AllreduceOptions))
+    errors = []
+    def expire():  # breaks the group on this thread, and is held in its dump
+        try:
+            first.wait(timedelta(milliseconds=200))
+        except dist.DistBackendError as error:
+            errors.append(str(error))
+    with BlockedDump(dump_dir, 0) as blocked:
+        breaker = threading.Thread(target=expire)
+        breaker.start()
+        blocked.wait_for_writer(timeout_s=30)
+        closer = threading.Thread(target=pg.shutdown)  # the group ends meanwhile
+        closer.start()
+        closer.join(timeout=60)
+        print("closed:", not closer.is_alive())
+        blocked.read()
+    breaker.join(timeout=30)
+    print("first:", errors)
+    try:
+        second.wait()
+        print("second: completed")
+    except dist.DistBackendError as error:
+        print("second:", error)
+    gc.collect()
+    for _ in range(10):  # the allocator's next blocks of its size, written on the caller's stream
+        gpu.write(torch.empty(6, 2), 7.0)
+    gpu.hold_events(False)  # the copy-back runs now: its memory must still be its own
+    print("violations:", t.settle(gpu))
+"""
+
+
+def test_a_teardown_during_a_break_on_another_thread_frees_nothing_in_use():
+    # The thread breaking the group has not yet taken the ops in flight while it writes the
+    # dump: the teardown fails them itself and keeps their tensors until their end has passed.
+    output = run_child(A_TEARDOWN_DURING_A_BREAK, timeout_s=120)
+    assert "closed: True" in output, output
+    assert "not completed within the timeout of 200 ms" in output.split("first:")[1], output
+    assert "destroyed while it broke" in output.split("second:")[1], output
+    assert "violations: []" in output, output
 
 
 # --- defect 4: a captured op holds what its replays use until wait()

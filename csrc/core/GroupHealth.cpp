@@ -3,10 +3,13 @@
 #include "core/Errors.hpp"
 
 #include <c10/util/Logging.h>
+#include <c10/util/thread_name.h>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <thread>
 
 namespace streamnccl {
 namespace {
@@ -46,20 +49,48 @@ bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
   } written{*this};
   std::string where = "not written (set STREAMNCCL_DUMP_DIR or Options(dump_dir=...))";
   if (dumpDir_) {
-    // Written whole under another name first: a reader never sees half a dump.
-    const std::string path = *dumpDir_ + "/" + kDumpPrefix + std::to_string(globalRank_.load());
-    // (A name without the prefix: torchfrtrace reads every file whose name holds it.)
-    const std::string partial = *dumpDir_ + "/.writing_rank_" + std::to_string(globalRank_.load());
-    {
-      std::ofstream file(partial, std::ios::binary);
-      file << recorder().dump();
-    }
-    where =
-        std::rename(partial.c_str(), path.c_str()) == 0 ? path : "could not be written to " + path;
+    where = writeDump(recorder().dump());
   }
   LOG(ERROR) << group.who() << " group broken: " << cause << "; " << recorder().summary(group.group)
              << "; flight recorder " << where;
   return true;
+}
+
+std::string GroupHealth::writeDump(std::string bytes) const {
+  const std::string rank = std::to_string(globalRank_.load());
+  const std::string path = *dumpDir_ + "/" + kDumpPrefix + rank;
+  // Written whole under another name first, so that a reader never sees half a dump (a name
+  // without the prefix: torchfrtrace reads every file whose name holds it).
+  const std::string partial = *dumpDir_ + "/.writing_rank_" + rank;
+  // On a thread of its own, waited for up to kEvidenceWait: the group's ops fail only once the
+  // dump is written, and a file system that hangs must not keep them from failing for ever.
+  struct Outcome {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<std::string> where;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  std::thread([outcome, bytes = std::move(bytes), path, partial] {
+    c10::setThreadName("streamnccl-dump");
+    {
+      std::ofstream file(partial, std::ios::binary);
+      file << bytes;
+    }
+    std::string where =
+        std::rename(partial.c_str(), path.c_str()) == 0 ? path : "could not be written to " + path;
+    {
+      std::lock_guard<std::mutex> lock(outcome->mutex);
+      outcome->where = std::move(where);
+    }
+    outcome->done.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(outcome->mutex);
+  if (!outcome->done.wait_for(lock, kEvidenceWait, [&] { return outcome->where.has_value(); })) {
+    return "still being written to " + path + " after " +
+           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kEvidenceWait).count()) +
+           " s (the ops fail without waiting longer)";
+  }
+  return *outcome->where;
 }
 
 void GroupHealth::awaitEvidence(std::unique_lock<std::mutex>& lock) const {

@@ -26,9 +26,10 @@ class GroupHealth {
 
   // Marks the group broken by `error` unless it already is, then logs the group's latest ops
   // and writes the flight recorder to <dump dir>/streamnccl_trace_rank_<global rank>.
-  // `group` names the group and rank. True when this call broke the group. A later call
-  // returns once the evidence is written: it fails an op next, and whoever learns of that
-  // failure may read the dump.
+  // `group` names the group and rank. True when this call broke the group. Every call
+  // returns once the evidence is written (or 30 s have passed: a file system that hangs
+  // delays the failures, it does not stop them): its caller fails an op next, and whoever
+  // learns of that failure may read the dump.
   bool breakWith(const OpInfo& group, std::exception_ptr error);
   // Cheap enough for every launch; raiseIfBroken() then says why.
   bool broken() const { return brokenFlag_.load(std::memory_order_acquire); }
@@ -46,6 +47,9 @@ class GroupHealth {
   std::exception_ptr broken_;
   // Waits (with `lock` on mutex_) until the evidence of the break is written.
   void awaitEvidence(std::unique_lock<std::mutex>& lock) const;
+  // Writes `bytes`, the flight recorder's dump, to the dump folder; returns where it went, or
+  // why not, for the log.
+  std::string writeDump(std::string bytes) const;
 
   mutable bool evidenceWritten_ = false;  // the log and the dump of the call that broke the group
   mutable std::condition_variable evidenceChanged_;

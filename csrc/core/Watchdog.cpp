@@ -470,6 +470,22 @@ std::vector<std::shared_ptr<Communicator>> Watchdog::liveCommunicators(bool lock
 }
 
 size_t Watchdog::releaseAll(Clock::time_point deadline) {
+  // Ops still in flight here were not finished: a break in progress on another thread (a
+  // wait(timeout) that expired, a device error a caller met) has not taken them yet while it
+  // writes the dump. They fail now, and wait for their end like the ones it would have taken.
+  Works stranded;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stranded.swap(inFlight_);
+  }
+  for (auto& work : stranded) {
+    work->fail("the group was destroyed while it broke");
+    retire(*work);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    append(failedRunning_, stranded);
+  }
   // Failed ops are let go once their end has passed; the aborts have stopped what held it up.
   auto pause = std::chrono::microseconds(100);
   while (true) {
@@ -494,7 +510,6 @@ size_t Watchdog::releaseAll(Clock::time_point deadline) {
   size_t kept = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    append(released, inFlight_);
     append(released, ended_);
     append(released, captured_);
     kept = failedRunning_.size();

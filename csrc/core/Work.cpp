@@ -168,8 +168,13 @@ bool Work::isCompleted() {
     return true;
   }
   const EndState state = pollEnd();
-  if (state == EndState::DeviceError) {
-    reportDeviceError(deviceError());
+  if (state == EndState::DeviceError && !exception()) {
+    if (!watchdog_.expired()) {
+      // The watchdog fails it within a period, once the group's dump is written: this call
+      // (Python holds the GIL through it) must not wait for the dump, as wait() may.
+      return false;
+    }
+    failWithDeviceError();  // the group is gone: nobody else will
   }
   if (state != EndState::Pending && writes_) {
     writes_->noteCompletionVisible();  // a write after this may have followed it
@@ -316,8 +321,9 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
       future = device_->completedFuture(*end_, tensorListType(), c10::IValue(outputs_));
     } catch (const c10::Error&) {
       // A CUDA error on the way (a sticky one fails every call): the op's device failed, as a
-      // wait() would report it.
-      reportDeviceError(std::current_exception());
+      // wait() would report it. Failed here, not through the group as wait() does: this call
+      // holds the GIL, and must not wait for the group's dump.
+      fail(std::current_exception());
       settledWith = exception();
     }
   }

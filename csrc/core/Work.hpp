@@ -121,7 +121,7 @@ class Work : public c10d::Work {
   }
 
  private:
-  // A device error met by a caller looking at the op (pollEnd() found one, or a CUDA call
+  // A device error met by wait() looking at the op (pollEnd() found one, or a CUDA call
   // failed): the group breaks with it, and the op fails with `cause` once the group's dump is
   // written (Watchdog::failOnDeviceError).
   void reportDeviceError(std::exception_ptr cause);
