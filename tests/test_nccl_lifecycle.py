@@ -282,7 +282,7 @@ def test_a_cuda_error_in_the_watchdog_breaks_the_group_with_evidence(call, timin
 
 
 A_FAILURE_SHOWS_ONCE_DUMPED = """
-    import os, tempfile, threading, torch
+    import os, tempfile, threading, time, torch
     from datetime import timedelta
     import torch.distributed as dist
     from blocked_dump import BlockedDump
@@ -302,7 +302,9 @@ A_FAILURE_SHOWS_ONCE_DUMPED = """
         {fault}
         blocked.wait_for_writer(timeout_s=30)
         print("failed while dumping:", not work.is_success())
-        print("completed while dumping:", work.is_completed())  # and it does not wait
+        asked = time.monotonic()
+        print("completed while dumping:", work.is_completed())
+        print("is_completed waited for the dump:", time.monotonic() - asked > 10)  # it holds 30 s
         waiter = threading.Thread(target=wait_then_look)
         waiter.start()
         waiter.join(timeout=2)  # returns at once where the wait does not wait for the dump
@@ -332,6 +334,7 @@ def test_an_op_fails_only_once_its_dump_is_written(fault, error):
     output = run_child(A_FAILURE_SHOWS_ONCE_DUMPED.format(fault=fault))
     assert "failed while dumping: False" in output, output
     assert "completed while dumping: False" in output, output
+    assert "is_completed waited for the dump: False" in output, output
     assert "dumped: nccl:all_reduce True" in output, output
     assert "dump there when the wait raised: True" in output, output
     assert error in output.split("op:")[1], output

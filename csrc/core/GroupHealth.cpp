@@ -72,12 +72,19 @@ std::string GroupHealth::writeDump(std::string bytes) const {
   auto outcome = std::make_shared<Outcome>();
   std::thread([outcome, bytes = std::move(bytes), path, partial] {
     c10::setThreadName("streamnccl-dump");
+    // One writer at a time: every group of this process dumps under the same names (they hold
+    // the same, process-wide recorder), and a writer may outlive the wait for it.
+    static auto* oneWriter = new std::mutex();  // never destroyed: writers may outlive exit
+    std::string where;
     {
-      std::ofstream file(partial, std::ios::binary);
-      file << bytes;
+      std::lock_guard<std::mutex> writing(*oneWriter);
+      {
+        std::ofstream file(partial, std::ios::binary);
+        file << bytes;
+      }
+      where = std::rename(partial.c_str(), path.c_str()) == 0 ? path
+                                                              : "could not be written to " + path;
     }
-    std::string where =
-        std::rename(partial.c_str(), path.c_str()) == 0 ? path : "could not be written to " + path;
     {
       std::lock_guard<std::mutex> lock(outcome->mutex);
       outcome->where = std::move(where);
