@@ -9,6 +9,7 @@ crash or a deadlock run in a child process with a hard timeout.
 import functools
 import gc
 import pickle
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -41,6 +42,17 @@ def connected(**settings):
     pg, gpu = fake_group(**settings)
     pg.eager_connect_single_device(CPU)
     return pg, gpu
+
+
+def held_group_with_dump(timeout_s):
+    """A group that dumps its flight recorder to a fresh folder, on a GPU whose events are held
+    (what is issued looks stuck): (pg, gpu, dump_dir)."""
+    dump_dir = tempfile.mkdtemp()
+    pg, gpu = connected(
+        dump_dir=dump_dir, timeout=timedelta(seconds=timeout_s), trace_buffer_size=8
+    )
+    gpu.hold_events(True)
+    return pg, gpu, dump_dir
 
 
 # --- defect 1: teardown finishes the ops in flight, then finalizes the communicators
@@ -282,14 +294,12 @@ def test_a_cuda_error_in_the_watchdog_breaks_the_group_with_evidence(call, timin
 
 
 A_FAILURE_SHOWS_ONCE_DUMPED = """
-    import os, tempfile, threading, time, torch
+    import os, threading, time, torch
     from datetime import timedelta
     import torch.distributed as dist
     from blocked_dump import BlockedDump
     from torch._C._distributed_c10d import AllreduceOptions
-    dump_dir = tempfile.mkdtemp()
-    pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=1), trace_buffer_size=8)
-    gpu.hold_events(True)
+    pg, gpu, dump_dir = t.held_group_with_dump(timeout_s=1)
     work = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
     seen = []
     def wait_then_look():  # a caller polling for the failure
@@ -342,14 +352,12 @@ def test_an_op_fails_only_once_its_dump_is_written(fault, error):
 
 
 A_DUMP_THAT_NEVER_ENDS = """
-    import tempfile, time, torch
+    import torch
     from datetime import timedelta
     import torch.distributed as dist
     from blocked_dump import BlockedDump
     from torch._C._distributed_c10d import AllreduceOptions
-    dump_dir = tempfile.mkdtemp()
-    pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=1), trace_buffer_size=8)
-    gpu.hold_events(True)
+    pg, gpu, dump_dir = t.held_group_with_dump(timeout_s=1)
     work = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
     with BlockedDump(dump_dir, 0) as blocked:  # never read: the writer never finishes
         blocked.wait_for_writer(timeout_s=30)
@@ -373,14 +381,12 @@ def test_a_dump_that_never_ends_delays_the_failure_but_does_not_stop_it():
 
 
 A_TEARDOWN_DURING_A_BREAK = """
-    import gc, tempfile, threading, torch
+    import gc, threading, torch
     from datetime import timedelta
     import torch.distributed as dist
     from blocked_dump import BlockedDump
     from torch._C._distributed_c10d import AllreduceOptions
-    dump_dir = tempfile.mkdtemp()
-    pg, gpu = t.connected(dump_dir=dump_dir, timeout=timedelta(seconds=20), trace_buffer_size=8)
-    gpu.hold_events(True)
+    pg, gpu, dump_dir = t.held_group_with_dump(timeout_s=20)
     first = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
     second = pg.allreduce([torch.ones(4)], t.opts(AllreduceOptions))
     # Its Work dropped, only the group holds its tensor. Not contiguous: a copy-back follows its

@@ -320,17 +320,19 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
   if (!broke) {
     return;
   }
-  for (auto& work : failing) {
+  failUntilTheirEnd(failing, reason);
+  abortCommunicators();
+}
+
+void Watchdog::failUntilTheirEnd(Works& works, const std::string& reason) {
+  for (auto& work : works) {
     work->fail(reason);
     retire(*work);
   }
-  {
-    // Their kernels after the communicator's still run once it is aborted: they are let go
-    // once their end has passed (collectEnded()).
-    std::lock_guard<std::mutex> lock(mutex_);
-    append(failedRunning_, failing);
-  }
-  abortCommunicators();
+  // Their kernels after the communicator's still run once it is aborted: they are let go once
+  // their end has passed (collectEnded()).
+  std::lock_guard<std::mutex> lock(mutex_);
+  append(failedRunning_, works);
 }
 
 void Watchdog::retire(Work& work) {
@@ -478,14 +480,7 @@ size_t Watchdog::releaseAll(Clock::time_point deadline) {
     std::lock_guard<std::mutex> lock(mutex_);
     stranded.swap(inFlight_);
   }
-  for (auto& work : stranded) {
-    work->fail("the group was destroyed while it broke");
-    retire(*work);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    append(failedRunning_, stranded);
-  }
+  failUntilTheirEnd(stranded, "the group was destroyed while it broke");
   // Failed ops are let go once their end has passed; the aborts have stopped what held it up.
   auto pause = std::chrono::microseconds(100);
   while (true) {

@@ -125,6 +125,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // device error reading its duration is kept in timingFault_.
   void retire(Work& work);
   void retire(Work& work, RecorderClock& clock);
+  // Fails `works` with `reason` and keeps them until their end has passed (failedRunning_).
+  void failUntilTheirEnd(Works& works, const std::string& reason);
   // Counts the op's end as a failure with `error` before the op fails (the group's dump must
   // hold it first), once, as retire() does.
   void retireFailed(Work& work, const std::exception_ptr& error);
