@@ -408,6 +408,20 @@ PYBIND11_MODULE(_C, m) {
           "resolved", [](const Options& self) { return Options::fromEnv(self); },
           "A copy with every unset setting taken from STREAMNCCL_* variables or defaults.");
 
+  // What every op hands back, c10d's Work with a wait() of its own: c10d's releases the GIL,
+  // which a sync op's wait() (every dist.all_reduce waits on one) does not need.
+  py::class_<Work, c10d::Work, NoGilDestructor<Work>>(m, "Work").def(
+      "wait",
+      [](Work& self, std::chrono::milliseconds timeout) {
+        if (self.waitReturnsAtOnce(timeout)) {
+          return self.wait(timeout);
+        }
+        py::gil_scoped_release noGil;
+        return self.wait(timeout);
+      },
+      py::arg("timeout") = kNoTimeout,
+      "Waits for the op as c10d's Work.wait() does (see the README's stream contract).");
+
   py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>(m, "ProcessGroup")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const Options& options,

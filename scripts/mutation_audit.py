@@ -185,6 +185,10 @@ MUTANTS = [
            [("  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);",
              "  if (failCause) {\n    failCause();\n  }\n"
              "  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);")]),
+    Mutant("blocking-wait-keeps-the-gil", "a wait() that blocks keeps the GIL",
+           "csrc/core/Work.cpp",
+           [("  return timeout == kNoTimeout && !joinOnWait_",
+             "  return true;\n  return timeout == kNoTimeout && !joinOnWait_")]),
     Mutant("async-errors-ignored", "asynchronous NCCL errors are not polled",
            "csrc/core/Watchdog.cpp",
            [("    if (std::string error = communicator->asyncError(); !error.empty()) {",

@@ -1,6 +1,7 @@
 """The Work API on the host path: wait(), wait(timeout), is_completed(), get_future() and its
 then() callbacks, result(), and the DistBackendError a timed-out wait raises."""
 
+import threading
 import time
 from datetime import timedelta
 
@@ -203,3 +204,35 @@ def _sync_op_inside_a_future_callback(ctx):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_sync_op_inside_a_future_callback(rank_pools, world_size):
     rank_pools(world_size).run(_sync_op_inside_a_future_callback, timeout=30)
+
+
+def _a_blocking_wait_lets_other_python_threads_run(ctx):
+    # The op on rank 0 can end only once a Python thread of rank 0 lets the others in; that
+    # thread is released just before wait() and needs the GIL to go on. A wait() that kept the
+    # GIL while it blocks (only one that returns at once may) would wait for it forever.
+    x = torch.full((3,), float(ctx.rank + 1))
+    if ctx.rank != 0:
+        dist.barrier(group=ctx.gloo)  # until rank 0's thread lets them in
+        dist.all_reduce(x)
+    else:
+        work = dist.all_reduce(x, async_op=True)
+        about_to_wait = threading.Event()
+
+        def let_the_others_in():
+            about_to_wait.wait()
+            dist.barrier(group=ctx.gloo)
+
+        helper = threading.Thread(target=let_the_others_in)
+        helper.start()
+        about_to_wait.set()
+        assert work.wait()
+        helper.join()
+    total = float(sum(range(1, ctx.world_size + 1)))
+    assert torch.equal(x, torch.full((3,), total))
+    dist.all_reduce(x)  # sync: its wait(), which keeps the GIL, still sees the op through
+    assert torch.equal(x, torch.full((3,), total * ctx.world_size))
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_blocking_wait_lets_other_python_threads_run(rank_pools, world_size):
+    rank_pools(world_size).run(_a_blocking_wait_lets_other_python_threads_run, timeout=30)

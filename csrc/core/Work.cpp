@@ -235,6 +235,13 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+bool Work::waitReturnsAtOnce(std::chrono::milliseconds timeout) const {
+  // What waitOrRaise() does for such an op: neither a look at its end nor a join; exception()
+  // takes a lock only where the op failed, and fail() never holds it while running callbacks.
+  return timeout == kNoTimeout && !joinOnWait_ && !blockHostOnWait_ && !captured_ && !writes_ &&
+         !holding_.load(std::memory_order_acquire);
+}
+
 void Work::waitOrRaise(std::chrono::milliseconds timeout) {
   // A sync op's plain wait() has nothing to join nor to let go of: it reports what is known of
   // the op, without a look at its end event (a device call on every op, where

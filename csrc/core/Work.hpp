@@ -75,6 +75,10 @@ class Work : public c10d::Work {
   // Makes the caller's current stream wait for the op (the host goes on).
   void synchronize() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // Whether wait(timeout) returns at once: a sync op's plain wait(), which reports what is known
+  // of the op and touches neither its device nor a lock held while the GIL is needed. Python's
+  // wait() then keeps the GIL: releasing and taking it back costs more than such a wait.
+  bool waitReturnsAtOnce(std::chrono::milliseconds timeout) const;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return info_.seq; }
   // Milliseconds from the op's start to its end on its stream; raises unless the op is timed

@@ -54,6 +54,11 @@ class Options(dist.Backend.Options):
     def __copy__(self) -> Options: ...
     def __deepcopy__(self, memo: dict) -> Options: ...
 
+class Work(dist.Work):
+    """What an op returns: c10d's Work, whose wait() keeps the GIL where it returns at once."""
+
+    def wait(self, timeout: timedelta = ...) -> bool: ...
+
 class ProcessGroup(dist.Backend):
     @overload
     def __init__(
