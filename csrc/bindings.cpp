@@ -60,6 +60,11 @@ class NoGilDestructor {
 
 PYBIND11_DECLARE_HOLDER_TYPE(T, streamnccl::NoGilDestructor<T>, true);
 
+// pybind11 makes the holder of an op's Work from the c10::intrusive_ptr<c10d::Work> torch's
+// bindings return, read as a NoGilDestructor<streamnccl::Work>: one pointer, at one address.
+static_assert(sizeof(streamnccl::NoGilDestructor<streamnccl::Work>) ==
+              sizeof(c10::intrusive_ptr<c10d::Work>));
+
 namespace streamnccl {
 namespace {
 

@@ -1,6 +1,7 @@
 """The Work API on the host path: wait(), wait(timeout), is_completed(), get_future() and its
 then() callbacks, result(), and the DistBackendError a timed-out wait raises."""
 
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -224,8 +225,14 @@ def _a_blocking_wait_lets_other_python_threads_run(ctx):
 
         helper = threading.Thread(target=let_the_others_in)
         helper.start()
-        about_to_wait.set()
-        assert work.wait()
+        # Until it blocks, this thread keeps the GIL: the helper runs only once wait() lets go.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(1000.0)
+        try:
+            about_to_wait.set()
+            assert work.wait()
+        finally:
+            sys.setswitchinterval(switch_interval)
         helper.join()
     total = float(sum(range(1, ctx.world_size + 1)))
     assert torch.equal(x, torch.full((3,), total))
