@@ -10,7 +10,9 @@ std::terminate run in a child process with a hard timeout.
 """
 
 import gc
+import sys
 import textwrap
+import threading
 import time
 from datetime import timedelta
 
@@ -238,6 +240,47 @@ def test_without_blocking_wait_wait_returns_at_once():
     work.wait()
     assert time.monotonic() - started < 1
     pg.abort()
+
+
+def _wait_while_another_thread_releases_the_gpu(gpu, wait):
+    """Calls wait() while the GPU's events are held; a second Python thread lets them pass only
+    once wait() has let the GIL go (until then this thread keeps it: a switch interval of
+    1000 s). A wait() that kept the GIL while it blocks would wait out its whole timeout."""
+    about_to_wait = threading.Event()
+
+    def let_the_gpu_go():
+        about_to_wait.wait()
+        gpu.hold_events(False)
+
+    helper = threading.Thread(target=let_the_gpu_go)
+    helper.start()
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        about_to_wait.set()
+        return wait()
+    finally:
+        sys.setswitchinterval(switch_interval)
+        helper.join()
+
+
+@pytest.mark.parametrize("how", ["with a timeout", "blocking_wait"])
+def test_a_sync_ops_wait_that_may_block_lets_the_gil_go(how):
+    # A sync op's plain wait() returns at once and keeps the GIL; one that may block on the
+    # op's end must let it go, as c10d's wait() does.
+    pg, gpu = fake_group(timeout=timedelta(seconds=10), blocking_wait=how == "blocking_wait")
+    pg.eager_connect_single_device(torch.device("cpu"))
+    gpu.hold_events(True)
+    x = torch.ones(4)
+    work = pg.allreduce([x], opts(AllreduceOptions, async_op=False))
+    timeout = timedelta(seconds=5) if how == "with a timeout" else None
+    ended = _wait_while_another_thread_releases_the_gpu(
+        gpu, lambda: work.wait(timeout) if timeout else work.wait()
+    )
+    assert ended
+    assert gpu.synchronize()
+    assert torch.equal(x, torch.full((4,), 3.0))  # this rank and its two mirrors
+    assert settle(gpu) == []
 
 
 # --- D2: every failure aborts the communicators
