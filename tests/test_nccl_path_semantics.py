@@ -10,7 +10,6 @@ std::terminate run in a child process with a hard timeout.
 """
 
 import gc
-import sys
 import textwrap
 import threading
 import time
@@ -20,6 +19,7 @@ import fakes
 import pytest
 import torch
 import torch.distributed as dist
+from collective_helpers import call_keeping_the_gil_until_it_blocks
 from fakes import CHILD_TIMEOUT_S, fake_group, needs_nccl_path, opts, settle
 from streamnccl import _C
 from torch._C._distributed_c10d import (
@@ -254,13 +254,9 @@ def _wait_while_another_thread_releases_the_gpu(gpu, wait):
 
     helper = threading.Thread(target=let_the_gpu_go)
     helper.start()
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
     try:
-        about_to_wait.set()
-        return wait()
+        return call_keeping_the_gil_until_it_blocks(wait, about_to_wait)
     finally:
-        sys.setswitchinterval(switch_interval)
         helper.join()
 
 

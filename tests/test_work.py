@@ -1,7 +1,6 @@
 """The Work API on the host path: wait(), wait(timeout), is_completed(), get_future() and its
 then() callbacks, result(), and the DistBackendError a timed-out wait raises."""
 
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -9,6 +8,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from collective_helpers import call_keeping_the_gil_until_it_blocks
 
 WORLD_SIZES = [2, 3]
 
@@ -225,14 +225,7 @@ def _a_blocking_wait_lets_other_python_threads_run(ctx):
 
         helper = threading.Thread(target=let_the_others_in)
         helper.start()
-        # Until it blocks, this thread keeps the GIL: the helper runs only once wait() lets go.
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(1000.0)
-        try:
-            about_to_wait.set()
-            assert work.wait()
-        finally:
-            sys.setswitchinterval(switch_interval)
+        assert call_keeping_the_gil_until_it_blocks(work.wait, about_to_wait)
         helper.join()
     total = float(sum(range(1, ctx.world_size + 1)))
     assert torch.equal(x, torch.full((3,), total))
