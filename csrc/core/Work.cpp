@@ -235,19 +235,22 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-bool Work::waitReturnsAtOnce(std::chrono::milliseconds timeout) const {
-  // What waitOrRaise() does for such an op: neither a look at its end nor a join; exception()
-  // takes a lock only where the op failed, and fail() never holds it while running callbacks.
-  return timeout == kNoTimeout && !joinOnWait_ && !blockHostOnWait_ && !captured_ && !writes_ &&
-         !holding_.load(std::memory_order_acquire);
-}
-
-void Work::waitOrRaise(std::chrono::milliseconds timeout) {
+bool Work::waitLooksAtEnd(std::chrono::milliseconds timeout) const {
   // A sync op's plain wait() has nothing to join nor to let go of: it reports what is known of
   // the op, without a look at its end event (a device call on every op, where
   // ProcessGroupNCCL's wait() makes none either); the watchdog and the next launch look.
-  const bool looksAtEnd = joinOnWait_ || holding_.load(std::memory_order_acquire) ||
-                          blockHostOnWait_ || timeout != kNoTimeout;
+  return joinOnWait_ || holding_.load(std::memory_order_acquire) || blockHostOnWait_ ||
+         timeout != kNoTimeout;
+}
+
+bool Work::waitReturnsAtOnce(std::chrono::milliseconds timeout) const {
+  // What waitOrRaise() does for such an op: neither a look at its end nor a join; exception()
+  // takes a lock only where the op failed, and fail() never holds it while running callbacks.
+  return !waitLooksAtEnd(timeout) && !captured_ && !writes_;
+}
+
+void Work::waitOrRaise(std::chrono::milliseconds timeout) {
+  const bool looksAtEnd = waitLooksAtEnd(timeout);
   if (!captured_ && looksAtEnd) {
     if (end_ && joinOnWait_) {
       refuseWaitInsideCapture(device_->currentStream());  // before any query of its events

@@ -138,6 +138,8 @@ class Work : public c10d::Work {
   bool waitForEnd(std::chrono::milliseconds limit);
   // wait()'s steps; raises the op's failure, and whatever the device raised.
   void waitOrRaise(std::chrono::milliseconds timeout);
+  // Whether wait(timeout) queries the op's end (see waitOrRaise()).
+  bool waitLooksAtEnd(std::chrono::milliseconds timeout) const;
 
   const OpInfo info_;
   const std::shared_ptr<Device> device_;
