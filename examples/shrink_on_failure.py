@@ -33,6 +33,16 @@ def train_step(model, optimizer, inputs, targets):
     optimizer.step()
 
 
+def shrink_options(args):
+    if args.backend != "streamnccl":
+        return None  # gloo cannot shrink: torch says so before it reads any options
+    import streamnccl
+
+    options = streamnccl.Options()
+    options._timeout = timedelta(seconds=2 * args.timeout_s)
+    return options
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="streamnccl")
@@ -64,7 +74,10 @@ def main():
         except RuntimeError as error:  # streamnccl: a DistBackendError; gloo: a RuntimeError
             what = f"{type(error).__name__}: {str(error).splitlines()[0]}"
             print(f"rank {rank}: step {step} failed with {what}", flush=True)
-            dist.shrink_group([dying_rank])  # the default group, now without the dead rank
+            # The default group, now without the dead rank. The survivors learn of the death
+            # at different times, up to an op's timeout apart (one from a connection reset at
+            # once, another from its own op timing out): the shrink waits twice that for them.
+            dist.shrink_group([dying_rank], pg_options=shrink_options(args))
             print(f"rank {rank}: now rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
             # The failed step left no update behind (it failed before optimizer.step()): a
             # DDP over the new group redoes it.

@@ -280,7 +280,8 @@ def run(command, timeout, env=None):
 
 
 def build():
-    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+    # The test doubles too: the tests that catch the mutants run the NCCL path on the fake GPU.
+    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"), STREAMNCCL_BUILD_TESTING="1")
     return run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], 1800, env)
 
 

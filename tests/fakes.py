@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from streamnccl import _C
+from streamnccl import _testing
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 CHILD_TIMEOUT_S = 60
@@ -27,7 +27,7 @@ MODELS_OFF_VARIABLE = "STREAMNCCL_FAKE_MODELS_OFF"
 CPU = torch.device("cpu")  # a fake group's "cuda" tensors
 
 needs_nccl_path = pytest.mark.skipif(
-    not hasattr(_C, "_recording_process_group"),
+    not hasattr(_testing, "recording_process_group"),
     reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
 )
 
@@ -43,7 +43,7 @@ def models(**switches):
 
 def fake_world(simulate_peers=False, **switches):
     """Where several fake groups (ranks, one thread each) meet."""
-    return _C._FakeNcclWorld(simulate_peers=simulate_peers, models=models(**switches))
+    return _testing.FakeNcclWorld(simulate_peers=simulate_peers, models=models(**switches))
 
 
 def fake_group(rank=0, size=3, timeout=timedelta(seconds=10), store=None, world=None, **settings):
@@ -52,7 +52,7 @@ def fake_group(rank=0, size=3, timeout=timedelta(seconds=10), store=None, world=
     switches = settings.pop("models", {})
     if world is None:
         settings["models"] = models(**switches)
-    return _C._recording_process_group(
+    return _testing.recording_process_group(
         store or dist.HashStore(), rank, size, timeout, world=world, **settings
     )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from streamnccl import _C
+from streamnccl import _testing
 from streamnccl.bench import cli, report
 from streamnccl.bench.check import count_wrong
 from streamnccl.bench.cli import UsageError, parse_args, parse_size, settle, sweep_sizes
@@ -397,7 +397,7 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
 
 
 @pytest.mark.skipif(
-    not hasattr(_C, "_recording_process_group"),
+    not hasattr(_testing, "recording_process_group"),
     reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
 )
 def test_launch_mode_reports_the_floor_and_streamnccl_above_it(tmp_path):
@@ -417,14 +417,14 @@ def test_launch_mode_reports_the_floor_and_streamnccl_above_it(tmp_path):
 
 
 @pytest.mark.skipif(
-    not hasattr(_C, "_no_op_device_process_group"),
+    not hasattr(_testing, "no_op_device_process_group"),
     reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
 )
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 def test_the_no_op_device_runs_the_nccl_path_and_leaves_the_tensor_alone(async_op):
     # The launch bench's streamnccl figure is only the launch path if its ops really go the
     # whole way: issued, tracked, retired, counted. (The no-op NCCL moves no data.)
-    group = _C._no_op_device_process_group(dist.HashStore(), timedelta(seconds=30),
+    group = _testing.no_op_device_process_group(dist.HashStore(), timedelta(seconds=30),
                                            trace_buffer_size=0)  # fmt: skip
     try:
         tensor = torch.full((4,), 3.0)

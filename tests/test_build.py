@@ -43,6 +43,39 @@ def test_nccl_path_is_built_when_torch_is_a_cuda_build():
         assert info["nccl_loaded"] is not None
 
 
+def test_an_extension_built_against_another_torch_says_so_at_import():
+    # As if the torch installed had changed since the build: the import names both versions
+    # instead of failing at an undefined symbol (or loading and misreading torch's types).
+    code = "import torch; torch.__version__ = '2.99.0+cpu'; import streamnccl"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    built = streamnccl._build_info.TORCH_VERSION
+    assert built == torch.__version__
+    assert (
+        f"ImportError: streamnccl was built against torch {built}, but torch 2.99.0+cpu is "
+        "running" in done.stderr
+    ), done.stderr
+
+
+def test_the_extension_carries_no_debug_info_and_the_product_no_test_doubles():
+    # Debug info was 62 of the extension's 64 MB. The test doubles are a module of their own,
+    # which `import streamnccl` does not load.
+    sections = subprocess.run(
+        ["readelf", "-S", "-W", streamnccl._C.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    assert ".debug_info" not in sections
+    symbols = subprocess.run(
+        ["nm", "-DC", "--defined-only", streamnccl._C.__file__],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "streamnccl::fake::" not in symbols and "streamnccl::sim::" not in symbols
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, streamnccl; print(sorted(sys.modules))"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert "streamnccl._C" in loaded and "streamnccl._testing" not in loaded
+
+
 def test_extension_links_the_nccl_library():
     info = streamnccl.info()
     if torch.version.cuda is None:

@@ -15,7 +15,7 @@ import pytest
 import streamnccl
 import torch
 import torch.distributed as dist
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -30,7 +30,7 @@ from torch._C._distributed_c10d import (
 )
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(_C, "_recording_process_group"),
+    not hasattr(_testing, "recording_process_group"),
     reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",
 )
 
@@ -40,7 +40,9 @@ INIT = ["ncclGetUniqueId()", "ncclCommInitRank(nranks=3, rank=0, nonblocking) ->
 
 
 def recorded_group(high_priority_streams=False, timeout=timedelta(seconds=10)):
-    return _C._recording_process_group(dist.HashStore(), 0, SIZE, timeout, high_priority_streams)
+    return _testing.recording_process_group(
+        dist.HashStore(), 0, SIZE, timeout, high_priority_streams
+    )
 
 
 def options(kind, async_op=True, **fields):
@@ -694,7 +696,7 @@ def test_the_groups_nccl_config_and_name_reach_every_communicator_it_makes():
     config = streamnccl.NcclConfig(
         cga_cluster_size=2, min_ctas=4, max_ctas=8, net_name="Socket", split_share=False
     )
-    pg, log = _C._recording_process_group(
+    pg, log = _testing.recording_process_group(
         dist.HashStore(), 0, SIZE, timedelta(seconds=10), config=config, group_name="trainer"
     )
     settings = "cgaClusterSize=2, minCTAs=4, maxCTAs=8, netName=Socket, splitShare=0"
@@ -717,7 +719,7 @@ def test_the_groups_nccl_config_and_name_reach_every_communicator_it_makes():
 def test_a_minimum_of_ctas_alone_comes_with_nccls_maximum():
     # NCCL compares minCTAs with maxCTAs before filling in its defaults, where an unset maximum
     # is the lowest int: a minimum alone would be refused at every init.
-    pg, log = _C._recording_process_group(
+    pg, log = _testing.recording_process_group(
         dist.HashStore(), 0, SIZE, timedelta(seconds=10),
         config=streamnccl.NcclConfig(min_ctas=4),
     )  # fmt: skip
@@ -731,7 +733,7 @@ def test_a_minimum_of_ctas_alone_comes_with_nccls_maximum():
 
 def test_a_subgroup_makes_its_communicators_with_its_own_config():
     # split_group's pg_options are the subgroup's: its NCCL config, not its parent's.
-    pg, log = _C._recording_process_group(
+    pg, log = _testing.recording_process_group(
         dist.HashStore(), 0, SIZE, timedelta(seconds=10),
         config=streamnccl.NcclConfig(max_ctas=4), group_name="trainer",
     )  # fmt: skip
@@ -750,7 +752,7 @@ def test_a_subgroup_makes_its_communicators_with_its_own_config():
 def test_a_config_nccl_refuses_fails_the_init_with_nccls_reason():
     # Options refuse these at init_process_group; the fake refuses them as NCCL would, should
     # one get through (here the recording group takes the config unchecked).
-    pg, log = _C._recording_process_group(
+    pg, log = _testing.recording_process_group(
         dist.HashStore(), 0, SIZE, timedelta(seconds=10),
         config=streamnccl.NcclConfig(min_ctas=8, max_ctas=4),
     )  # fmt: skip

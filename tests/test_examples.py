@@ -14,8 +14,8 @@ INFLIGHT_WRITES_FOUND = "was written while the op was in flight"
 
 
 def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=()):
-    """Runs examples/<script> under torchrun; a hang fails the test after `timeout_s`. `checks`:
-    with the in-flight write detector on."""
+    """Runs `script` (a path, or the name of one in examples/) under torchrun; a hang fails the
+    test after `timeout_s`. `checks`: with the in-flight write detector on."""
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", *torchrun_args,
@@ -29,7 +29,7 @@ def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=(
             command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd
         )
     except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"examples/{script} did not finish within {timeout_s} s:\n{timeout.stdout}")
+        pytest.fail(f"{script} did not finish within {timeout_s} s:\n{timeout.stdout}")
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import fakes
 import pytest
 import torch
 from fakes import fake_group, fake_ranks, needs_nccl_path, opts, settle
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions
 
 pytestmark = needs_nccl_path
@@ -60,7 +60,7 @@ LOAD_BEARING = {
 def fresh_thread_state():
     yield
     gc.collect()
-    _C._FakeGpu.forget_thread_device()
+    _testing.FakeGpu.forget_thread_device()
 
 
 def test_memory_a_read_of_freed_memory_is_reported():

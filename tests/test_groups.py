@@ -2,12 +2,18 @@
 and "cpu:streamnccl,cuda:streamnccl"."""
 
 import copy
+import json
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import streamnccl
 import torch
 import torch.distributed as dist
+from test_examples import torchrun
+
+JOBS = Path(__file__).resolve().parent / "jobs"
 
 
 def _subgroups(ctx):
@@ -135,3 +141,21 @@ def _split_with_debug_checks(ctx):
 @pytest.mark.parametrize("world_size", [2])
 def test_debug_checks_work_on_split_groups(rank_pools, world_size):
     assert rank_pools(world_size).run(_split_with_debug_checks) == [True] * world_size
+
+
+@pytest.mark.torch_internals
+def test_new_group_on_a_bound_default_group_splits_it_as_torch_decides(tmp_path):
+    # torch's own new_group (its making of the group, whose locals streamnccl reads): the
+    # members split the default group and the rank outside takes part; a group of another
+    # backend, or one made with use_local_synchronization, splits nothing.
+    done = torchrun(JOBS / "new_group_split.py", 3, timeout_s=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = [line for line in done.stdout.splitlines() if line.startswith("splits: ")]
+    made = {r["rank"]: r["made"] for r in (json.loads(p.removeprefix("splits: ")) for p in printed)}
+    assert sorted(made) == [0, 1, 2], done.stdout
+    (agreement,) = {made[rank]["last_two"][0][1] for rank in range(3)}
+    assert re.fullmatch(r"new_group/\d+", agreement), agreement
+    assert made[0]["last_two"] == [["split_without", agreement]]
+    assert made[1]["last_two"] == made[2]["last_two"] == [["split", agreement]]
+    for rank in range(3):
+        assert made[rank]["gloo"] == made[rank]["local_sync"] == [], made

@@ -8,7 +8,7 @@ import fakes
 import pytest
 import torch
 from fakes import connect, fake_ranks, needs_nccl_path, opts, run_ranks
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import AllreduceOptions, AllToAllOptions
 
 pytestmark = needs_nccl_path
@@ -21,7 +21,7 @@ ROWS = 2  # per block
 def fresh_thread_state():
     yield
     gc.collect()
-    _C._FakeGpu.forget_thread_device()
+    _testing.FakeGpu.forget_thread_device()
 
 
 def _blocks_from(rank):

@@ -20,7 +20,7 @@ import streamnccl
 import torch
 import torch.distributed as dist
 from fakes import fake_group, fake_ranks, needs_nccl_path, opts, run_ranks, settle
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions
 
 pytestmark = needs_nccl_path
@@ -35,7 +35,7 @@ def run_child(scenario, timeout_s=fakes.CHILD_TIMEOUT_S):
 def fresh_thread_state():
     yield
     gc.collect()
-    _C._FakeGpu.forget_thread_device()
+    _testing.FakeGpu.forget_thread_device()
 
 
 def connected(**settings):
@@ -512,7 +512,7 @@ def test_a_teardown_that_aborts_gives_failed_ops_time_to_pass_their_end():
     pg.shutdown()
     releaser.join()
     assert "ncclCommAbort(C0)" in gpu.calls()
-    assert not _C._FakeGpu.memory_live(address), "the failed op's input was kept for good"
+    assert not _testing.FakeGpu.memory_live(address), "the failed op's input was kept for good"
     assert settle(gpu) == []
 
 
@@ -531,7 +531,7 @@ def test_a_completed_ops_input_is_let_go_though_its_work_is_kept():
     assert gpu.synchronize()  # the op has run; nobody has looked
     time.sleep(0.2)  # the watchdog (every 50 ms) sees it completed
     pg._stats()  # the next call on the group lets go of it
-    assert not _C._FakeGpu.memory_live(address)
+    assert not _testing.FakeGpu.memory_live(address)
     assert works[0].is_completed()
 
 
@@ -559,7 +559,7 @@ WATCHDOG_FAILS_OPS_WITH_CALLBACKS = """
     import gc, time, torch, streamnccl
     from datetime import timedelta
     import torch.distributed as dist
-    from streamnccl import _C
+    from streamnccl import _testing
     from torch._C._distributed_c10d import AllreduceOptions
     pg, gpu = t.connected(timeout=timedelta(milliseconds=200))
     gpu.hold_events(True)
@@ -579,7 +579,7 @@ WATCHDOG_FAILS_OPS_WITH_CALLBACKS = """
     print("callbacks:", len(seen))
     del pg
     gc.collect()
-    print("freed by the watchdog:", _C._FakeGpu.frees_by_thread().get("streamnccl-wdog", 0))
+    print("freed by the watchdog:", _testing.FakeGpu.frees_by_thread().get("streamnccl-wdog", 0))
 """
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from collective_helpers import call_keeping_the_gil_until_it_blocks
 from fakes import CHILD_TIMEOUT_S, fake_group, needs_nccl_path, opts, settle
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -43,7 +43,7 @@ def fresh_thread_state():
     """Tests set the main thread's current device and stream on their fake GPU; undo that."""
     yield
     gc.collect()
-    _C._FakeGpu.forget_thread_device()
+    _testing.FakeGpu.forget_thread_device()
 
 
 # --- D3: temporaries an NCCL group reads at ncclGroupEnd
@@ -86,7 +86,7 @@ def test_a_failing_call_inside_a_group_still_ends_the_group():
             [torch.ones(2), torch.ones(3)], opts(AllreduceCoalescedOptions)
         )
         work.wait()
-    assert _C._FakeGpu.nccl_group_depth() == 0
+    assert _testing.FakeGpu.nccl_group_depth() == 0
     calls = gpu.calls()
     assert calls.index("ncclGroupEnd()") < calls.index("ncclCommAbort(C0)")
     assert settle(gpu) == []
@@ -424,7 +424,7 @@ RANKS_AS_THREADS = """
     import threading, torch
     from datetime import timedelta
     import torch.distributed as dist
-    from streamnccl import _C
+    from streamnccl import _testing
     from torch._C._distributed_c10d import AllreduceOptions
     world = t.fakes.fake_world()
     store = dist.HashStore()
@@ -494,7 +494,7 @@ ABORT_DURING_INIT = """
     import threading, time, torch
     from datetime import timedelta
     import torch.distributed as dist
-    from streamnccl import _C
+    from streamnccl import _testing
     from torch._C._distributed_c10d import AllreduceOptions
     world = t.fakes.fake_world()
     pg, gpu = t.fake_group(rank=0, size=2, world=world, timeout=timedelta(seconds=20))
@@ -521,7 +521,7 @@ ABORT_DURING_INIT = """
 LANE_TORN_DOWN_WHILE_CONNECTING = """
     import gc, time, torch
     from datetime import timedelta
-    from streamnccl import _C
+    from streamnccl import _testing
     world = t.fakes.fake_world()
     pg, gpu = t.fake_group(rank=0, size=2, world=world, timeout=timedelta(seconds=1))
     pg.send([torch.ones(4)], 1, 0)  # rank 1 never comes: the lane's work waits in its gate

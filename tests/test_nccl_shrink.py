@@ -10,7 +10,7 @@ import pytest
 import streamnccl
 import torch
 from fakes import connect, fake_ranks, needs_nccl_path, opts, run_ranks, shut_down
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions
 
 pytestmark = needs_nccl_path
@@ -21,7 +21,7 @@ SHRINK_DEFAULT, SHRINK_ABORT = 0, 1
 def fresh_thread_state():
     yield
     gc.collect()
-    _C._FakeGpu.forget_thread_device()
+    _testing.FakeGpu.forget_thread_device()
 
 
 def _all_reduce(pg, gpu, value):

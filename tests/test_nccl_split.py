@@ -23,7 +23,7 @@ from fakes import (
     run_ranks,
     shut_down,
 )
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions
 
 pytestmark = needs_nccl_path
@@ -33,7 +33,7 @@ pytestmark = needs_nccl_path
 def fresh_thread_state():
     yield
     gc.collect()
-    _C._FakeGpu.forget_thread_device()
+    _testing.FakeGpu.forget_thread_device()
 
 
 def _all_reduce(pg, gpu, value, async_op=False):
@@ -300,9 +300,11 @@ def _new_process_group_helper(
     global_rank, global_ranks_in_group, backend, store, group_name, backend_options=None
 ):
     """What torch's function of this name does for new_group with a bound default group; its
-    locals `backend` and `group_name` are the ones streamnccl reads, as in torch's."""
+    locals `split_from`, `backend` and `group_name` are the ones streamnccl reads, as in torch's.
+    `split_from` as torch 2.11 to 2.14 choose it: the bound device's backend, whatever the new
+    group's (2.15 leaves it None unless the backends match, which streamnccl checks anyway)."""
     default = dist.distributed_c10d._get_default_group()
-    split_from = dist.distributed_c10d._get_split_source(default)
+    split_from = default._get_backend(default.bound_device_id)
     if global_rank not in global_ranks_in_group:
         if split_from:
             split_from.perform_nocolor_split(default.bound_device_id)
@@ -491,9 +493,26 @@ TORCHS_OWN_NEW_GROUP = """
         def rank():
             return parents[threading.get_ident()][1]
 
+    class WorldOfThisThread:  # torch's record of the groups, one per rank as per process
+        def __init__(self):
+            object.__setattr__(self, "of", threading.local())
+
+        def world(self):
+            if not hasattr(self.of, "world"):
+                self.of.world = c10d._World()
+                self.of.world.pg_map[DefaultGroup] = ("streamnccl", None)  # torch 2.15 asks
+            return self.of.world
+
+        def __getattr__(self, name):
+            return getattr(self.world(), name)
+
+        def __setattr__(self, name, value):
+            setattr(self.world(), name, value)
+
     c10d.is_initialized = lambda: True
     dist.is_initialized = lambda: True
     c10d._get_default_group = lambda: DefaultGroup
+    c10d._world = WorldOfThisThread()
     base = dist.HashStore()
 
     def two_groups(rank, pg, gpu):

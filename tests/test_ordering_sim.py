@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import TIMEOUT_S
-from streamnccl import _C
+from streamnccl import _testing
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -38,7 +38,7 @@ def simulated_group(ctx, drop_dependencies=False):
     store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
     timeout = timedelta(seconds=TIMEOUT_S)
     gloo = dist.ProcessGroupGloo(store, ctx.rank, ctx.world_size, timeout)
-    sim = _C._SimulatedDevice(
+    sim = _testing.SimulatedDevice(
         seed=ctx.rank, max_delay_us=MAX_DELAY_US, drop_dependencies=drop_dependencies
     )
     return sim, sim.process_group(ctx.rank, ctx.world_size, timeout, gloo)

@@ -63,6 +63,11 @@ def _shrink_a_subgroup(ctx, flags):
     dist.all_reduce(torch.ones(1), group=group)
     if ctx.rank == 1:  # left out, alive: it takes no part
         dist.destroy_process_group(group)
+        # torch 2.14+ counts the shrunk group, which it names by a hash, in the survivors' count
+        # of groups (_process_group_name): the next group made without a name would be named
+        # differently here, and never meet. Counted here too, as the survivors count it, for
+        # the pool's next test (a user's program that goes on making groups must do the same).
+        dist.distributed_c10d._process_group_name([0, 2], use_hashed_name=True)
         return None
     pending = None
     if ctx.rank == 0:

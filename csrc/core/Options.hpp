@@ -1,5 +1,7 @@
 #pragma once
 
+#include "core/TorchVersion.hpp"
+
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
@@ -16,6 +18,13 @@ inline constexpr const char* kBackendName = "streamnccl";
 class Options : public c10d::Backend::Options {
  public:
   explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
+#if STREAMNCCL_TORCH_AT_LEAST(2, 14)
+  // torch 2.14+ copies a group's options through this before handing them to a child group
+  // (ProcessGroup::splitGroup); c10d's own would copy only its base part.
+  c10::intrusive_ptr<c10d::Backend::Options> clone() const override {
+    return c10::make_intrusive<Options>(*this);
+  }
+#endif
 
   // STREAMNCCL_HIGH_PRIORITY_STREAMS: create the internal CUDA streams with high priority.
   std::optional<bool> highPriorityStreams;

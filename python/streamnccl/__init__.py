@@ -15,8 +15,30 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _C, _shrink
-from ._C import NcclConfig, Options, ProcessGroup
+
+def _check_built_against_this_torch() -> None:
+    """A C++ extension runs only with the torch it was built against: with another, it fails
+    at an undefined symbol, or worse, loads and misreads torch's types. Said plainly instead."""
+    try:
+        from ._build_info import TORCH_VERSION as built_against
+    except ImportError:
+        raise ImportError(
+            "streamnccl is not built: its extension and streamnccl/_build_info.py are made by "
+            "`pip install --no-build-isolation .` (or scripts/setup.sh)"
+        ) from None
+    if built_against != torch.__version__:
+        raise ImportError(
+            f"streamnccl was built against torch {built_against}, but torch {torch.__version__} "
+            "is running. A C++ extension must be built against the torch it runs with: rebuild "
+            "it in this environment (`pip install --no-build-isolation --force-reinstall "
+            "--no-deps .` in streamnccl's checkout, or scripts/setup.sh)."
+        )
+
+
+_check_built_against_this_torch()
+
+from . import _C, _shrink  # noqa: E402  (after the check: loading _C may fail without it)
+from ._C import NcclConfig, Options, ProcessGroup  # noqa: E402
 
 __all__ = [
     "NcclConfig",
@@ -107,26 +129,23 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
 def _split_source(maker: dict) -> ProcessGroup | None:
     """The group a new group is split from, where its making (torch's _new_process_group_helper,
     whose locals are `maker`) has every rank of the default group take part in a split of it:
-    torch's own split source (the default group's backend of its bound device), when that is a
-    streamnccl group and the new group's CUDA backend is streamnccl. Decided the same way on the
-    ranks in the new group (its creator) and outside it (perform_nocolor_split), from what
-    torch's making of it holds. Not for the default group itself, nor for a group made with
-    use_local_synchronization, which torch names by a hash and whose ranks outside it never
-    call new_group."""
-    group_name, backend = maker.get("group_name"), maker.get("backend")
+    torch's own choice of split source (its local `split_from`, the default group's backend of
+    its bound device, in every release from 2.11 to 2.15), when that is a streamnccl group and
+    the new group's backend for that device is streamnccl too (torch 2.15 checks this itself;
+    2.11 to 2.14 split from the default group whatever the new group's backend). Decided the
+    same way on the ranks in the new group (its creator) and outside it (perform_nocolor_split).
+    Not for the default group itself, nor for a group made with use_local_synchronization, which
+    torch names by a hash and whose ranks outside it never call new_group."""
+    source, group_name, backend = (maker.get(k) for k in ("split_from", "group_name", "backend"))
+    if not isinstance(source, ProcessGroup):
+        return None
     if not isinstance(group_name, str) or not group_name.isdigit() or backend is None:
         return None
-    if not dist.is_initialized():
-        return None
-    default = dist.distributed_c10d._get_default_group()
-    device = default.bound_device_id
-    if device is None:
-        return None
+    device = dist.distributed_c10d._get_default_group().bound_device_id
     devices = dist.distributed_c10d.BackendConfig(dist.Backend(backend)).get_device_backend_map()
-    if devices.get(device.type) != "streamnccl":
+    if device is None or devices.get(device.type) != "streamnccl":
         return None  # its members never reach streamnccl's creator
-    source = dist.distributed_c10d._get_split_source(default)
-    return source if isinstance(source, ProcessGroup) else None
+    return source
 
 
 def _perform_nocolor_split(self: ProcessGroup, device: torch.device) -> None:
@@ -216,4 +235,8 @@ atexit.register(_C._shutdown_all_groups)
 dist.Backend.register_backend(
     "streamnccl", _create_backend, extended_api=True, devices=["cpu", "cuda"]
 )
+# streamnccl records its own ops, in torch's format (dump_flight_recorder). torch 2.15 attaches
+# a flight recorder hook of its own to the groups of every backend not in this set, which would
+# record each op a second time, at a cost on every launch.
+getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", set()).add("streamnccl")
 _shrink.install()

@@ -34,7 +34,14 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, FakeProcessGroup
 
-from streamnccl import _C
+try:
+    from streamnccl import _testing
+except ImportError as missing:
+    raise ImportError(
+        "streamnccl.bench.launch runs over the test doubles, streamnccl._testing, which this "
+        "build lacks: build them with `bash scripts/setup.sh --testing` (or "
+        "STREAMNCCL_BUILD_TESTING=1 pip install --no-build-isolation -e .)"
+    ) from missing
 
 CPU = torch.device("cpu")  # the fake group's "cuda" tensors
 MODES = ("sync", "async")
@@ -53,7 +60,7 @@ def torch_fake():
 
 def streamnccl_no_op_device(trace_buffer_size: int):
     """streamnccl's NCCL path over CUDA and NCCL calls that do nothing, connected."""
-    group = _C._no_op_device_process_group(
+    group = _testing.no_op_device_process_group(
         dist.HashStore(), timedelta(seconds=60), trace_buffer_size=trace_buffer_size
     )
     group.eager_connect_single_device(CPU)
@@ -62,7 +69,7 @@ def streamnccl_no_op_device(trace_buffer_size: int):
 
 def streamnccl_fake_gpu(trace_buffer_size: int):
     """streamnccl's NCCL path over the fake GPU, connected, its calls not recorded."""
-    group, gpu = _C._recording_process_group(
+    group, gpu = _testing.recording_process_group(
         dist.HashStore(),
         0,
         1,
@@ -157,7 +164,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.ops < 1 or args.rounds < 1:
         parser.error("--ops and --rounds must be at least 1")
-    if not hasattr(_C, "_recording_process_group"):
+    if not hasattr(_testing, "recording_process_group"):
         print("streamnccl.bench.launch: this build has no NCCL path to measure", file=sys.stderr)
         return 2
     rows = report(measure(args.ops, args.rounds))

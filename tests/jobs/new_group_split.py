@@ -1,0 +1,54 @@
+"""Run under torchrun with 3 ranks: torch's own new_group on a default group bound to a device,
+as after init_process_group(device_id=cuda:N), over every torch release streamnccl supports.
+The subgroup's making is torch's (_new_process_group_helper), whose choices streamnccl reads
+(python/streamnccl/__init__.py, _split_source): each rank prints, as JSON, which of its splits
+streamnccl made for each new group, for tests/test_groups.py to check.
+
+No GPU is needed: the default group is bound after init (no connection is made), and the
+subgroups' eager connection of that device is skipped, so their CPU tensors take the host path.
+"""
+
+import json
+
+import streamnccl
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("streamnccl")
+rank, size = dist.get_rank(), dist.get_world_size()
+dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
+streamnccl.ProcessGroup.eager_connect_single_device = lambda self, device: None
+
+splits = []  # (what this rank did, the split's agreement), in order
+split, split_without = streamnccl.ProcessGroup._split, streamnccl.ProcessGroup._split_without
+
+
+def spy_split(self, *args, **kwargs):
+    splits.append(["split", kwargs.get("agreement")])
+    return split(self, *args, **kwargs)
+
+
+def spy_split_without(self, *args, **kwargs):
+    splits.append(["split_without", kwargs.get("agreement")])
+    return split_without(self, *args, **kwargs)
+
+
+streamnccl.ProcessGroup._split = spy_split
+streamnccl.ProcessGroup._split_without = spy_split_without
+
+made = {}
+for name, ranks, kwargs in [
+    ("last_two", [1, 2], {}),  # split from the default group, rank 0 taking part
+    ("gloo", [0, 1], {"backend": "gloo"}),  # another backend's: no split
+    ("local_sync", [1, 2], {"use_local_synchronization": True}),  # members only: no split
+]:
+    splits.clear()
+    group = dist.new_group(ranks, **kwargs)
+    if rank in ranks:
+        x = torch.full((2,), float(rank))
+        dist.all_reduce(x, group=group)
+        assert x.tolist() == [float(sum(ranks))] * 2, x
+    made[name] = list(splits)
+
+print("splits:", json.dumps({"rank": rank, "made": made}), flush=True)
+dist.destroy_process_group()
