@@ -3,6 +3,7 @@
 #include "core/Errors.hpp"
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
+#include "core/MonitoredBarrier.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
@@ -890,6 +891,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
                    comm.allReduce(token, token, ReduceKind::Sum, stream);
                  },
                  nullptr});
+}
+
+void ProcessGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  refuseIfBroken("monitored_barrier");
+  TORCH_CHECK(store_, "streamnccl: monitored_barrier needs the group's Store");
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? options_->timeout : opts.timeout;
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      "streamnccl/monitored_barrier/" + std::to_string(monitoredBarriers_++) + "/", store_);
+  streamnccl::monitoredBarrier(*store, getRank(), getSize(), timeout, waitAllRanks, who());
 }
 
 }  // namespace streamnccl

@@ -208,6 +208,8 @@ class ProcessGroup final : public c10d::Backend {
   // ProcessGroup.cpp
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  // torch.distributed.monitored_barrier (MonitoredBarrier.hpp), through the group's Store.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
   // Between these, ops are recorded instead of launched; endCoalescing() launches them as one
   // communicator group on the internal stream and returns its one Work.
   void startCoalescing() override;
@@ -405,6 +407,8 @@ class ProcessGroup final : public c10d::Backend {
   int splits_ = 0;  // split_group's splits of this group so far
   // Shrinks of this group so far: each new group meets under a store prefix of its own.
   int shrinks_ = 0;
+  // Monitored barriers of this group so far: each meets under a store prefix of its own.
+  std::atomic<int> monitoredBarriers_{0};
   // Once shrunk, its communicators are aborted at close rather than finalized: finalizing
   // waits for every member, and the ranks left out take no part.
   std::atomic<bool> shrunk_{false};

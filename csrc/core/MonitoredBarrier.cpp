@@ -1,0 +1,103 @@
+#include "core/MonitoredBarrier.hpp"
+
+#include "core/Errors.hpp"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+namespace streamnccl {
+namespace {
+
+const std::string kRelease = "release";
+const std::string kGo = "go";
+
+std::string arrivedKey(int rank) { return "arrived/" + std::to_string(rank); }
+
+// Whether `key` is set within `timeout`. Asked with check(), which every Store answers at once
+// (their wait()s time out with errors of different kinds, a FileStore's a plain one).
+bool setWithin(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (!store.check({key})) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return false;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+// Rank 0's part: the ranks that did not arrive in time (only the first, without waitAllRanks).
+std::vector<int> missing(c10d::Store& store, int size, std::chrono::milliseconds timeout,
+                         bool waitAllRanks, const std::string& who) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  std::vector<int> late;
+  for (int rank = 1; rank < size; ++rank) {
+    // With waitAllRanks each rank gets the whole timeout, as in gloo's, so that every late
+    // one is named; else the barrier as a whole must end within it.
+    auto left =
+        waitAllRanks
+            ? timeout
+            : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left <= std::chrono::milliseconds(0)) {
+      throwDistBackendError(who + " Rank 0 timed out in monitoredBarrier after " +
+                            std::to_string(timeout.count()) + " ms, waiting for rank " +
+                            std::to_string(rank));
+    }
+    if (!setWithin(store, arrivedKey(rank), left)) {
+      late.push_back(rank);
+      if (!waitAllRanks) {
+        break;
+      }
+    }
+  }
+  return late;
+}
+
+}  // namespace
+
+void monitoredBarrier(c10d::Store& store, int rank, int size, std::chrono::milliseconds timeout,
+                      bool waitAllRanks, const std::string& who) {
+  if (rank != 0) {
+    store.set(arrivedKey(rank), std::vector<uint8_t>{1});
+    const std::string lost = who + " Rank " + std::to_string(rank) +
+                             " successfully reached monitoredBarrier, but received errors "
+                             "while waiting for send/recv from rank 0";
+    // Rank 0 may take `timeout` to decide (with waitAllRanks, that for each rank it waits for):
+    // this one waits that long and as long again, to hear its verdict rather than give up at
+    // the same moment.
+    const auto decision = waitAllRanks ? timeout * (size - 1) : timeout;
+    if (!setWithin(store, kRelease, decision + timeout)) {
+      throwDistBackendError(lost + ": it did not let this rank go within " +
+                            std::to_string((decision + timeout).count()) +
+                            " ms. Please check rank 0 logs for faulty rank.");
+    }
+    const auto release = store.get(kRelease);
+    const std::string verdict(release.begin(), release.end());
+    if (verdict != kGo) {
+      throwDistBackendError(lost + ": " + verdict);
+    }
+    return;
+  }
+  std::string verdict = kGo;
+  try {
+    const std::vector<int> late = missing(store, size, timeout, waitAllRanks, who);
+    if (!late.empty()) {
+      verdict = (late.size() == 1 ? "Rank " : "Ranks ") + c10::Join(", ", late) +
+                " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) + " ms";
+    }
+  } catch (const c10::Error& e) {
+    verdict = e.what_without_backtrace();
+  }
+  store.set(kRelease, std::vector<uint8_t>(verdict.begin(), verdict.end()));
+  if (verdict != kGo) {
+    throwDistBackendError(verdict.rfind(who, 0) == 0 ? verdict : who + " " + verdict);
+  }
+}
+
+}  // namespace streamnccl
