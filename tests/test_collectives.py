@@ -213,11 +213,11 @@ def test_allgather_into_other_shapes(rank_pools, world_size, mode):
 # ---- barrier --------------------------------------------------------------------------------
 
 
-def _barrier(ctx):
+def _barrier(ctx, device_ids):
     # Ranks arrive 0.3 s apart; none may leave before the last has arrived.
     time.sleep(0.3 * ctx.rank)
     arrived = time.time()
-    dist.barrier()
+    dist.barrier(device_ids=device_ids and [ctx.rank])
     left = time.time()
     times = [None] * ctx.world_size
     dist.all_gather_object(times, (arrived, left), group=ctx.gloo)
@@ -227,7 +227,14 @@ def _barrier(ctx):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_barrier_waits_for_the_last_rank(rank_pools, world_size):
-    rank_pools(world_size).run(_barrier)
+    rank_pools(world_size).run(_barrier, device_ids=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the device ids name real GPUs here")
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_barrier_naming_a_gpu_on_a_machine_without_one_runs_on_the_host(rank_pools, world_size):
+    # As gloo's does, and as trainers call it (HF Accelerate's wait_for_everyone()).
+    rank_pools(world_size).run(_barrier, device_ids=True)
 
 
 # ---- program order --------------------------------------------------------------------------

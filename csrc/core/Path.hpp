@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,11 @@ class PathFactory {
   // group at the same op (opening may be collective). Throws c10::Error with the reason when
   // the device cannot be used.
   virtual std::unique_ptr<Path> open(const c10::Device& device) = 0;
+  // Why this process has no device of this factory's type at all (no GPU, say), or nothing
+  // where it has one; asks no other rank. barrier(), which moves no data of the caller's, runs
+  // on the host instead, as gloo's does, since every rank of a job on such machines sees the
+  // same. (A device that only some ranks lack, a wrong index, is refused at the call.)
+  virtual std::optional<std::string> whyNoDevice() { return std::nullopt; }
   // Opens the lanes to `peer` (a group rank, not this one) for tensors on `device`. Called
   // once per peer and device, by both ranks at their first send or recv to each other
   // outside a group (opening may be collective between the two). The lanes' communicators

@@ -856,18 +856,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()
   return c10d::Work::create_from_future(coalescing_->future);
 }
 
-c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) const {
-  if (!opts.device_ids.empty()) {
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
+c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) {
+  const c10::Device host(c10::kCPU);
+  const c10::Device named = [&] {
+    if (!opts.device_ids.empty()) {
+      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
+    }
+    if (opts.device) {
+      return *opts.device;
+    }
+    if (auto bound = getBoundDeviceId()) {
+      return *bound;
+    }
+    std::lock_guard<std::mutex> lock(lastDeviceMutex_);
+    return lastAcceleratorDevice_.value_or(host);
+  }();
+  if (named.is_cpu()) {
+    return host;
   }
-  if (opts.device) {
-    return *opts.device;
+  const auto factory = factories_.find(named.type());
+  const std::optional<std::string> why =
+      factory == factories_.end()
+          ? std::optional<std::string>("this build of streamnccl has no path for it")
+          : factory->second->whyNoDevice();
+  if (!why) {
+    return named;
   }
-  if (auto bound = getBoundDeviceId()) {
-    return *bound;
+  if (!barrierMovedToHostLogged_.exchange(true)) {
+    LOG(WARNING) << who() << " barrier: there is no " << named << " (" << *why
+                 << "); the barrier runs on the host instead, as gloo's does (said once per "
+                    "group)";
   }
-  std::lock_guard<std::mutex> lock(lastDeviceMutex_);
-  return lastAcceleratorDevice_.value_or(c10::Device(c10::kCPU));
+  return host;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions& opts) {

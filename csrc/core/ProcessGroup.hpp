@@ -339,7 +339,11 @@ class ProcessGroup final : public c10d::Backend {
   void injectTestFault(const OpInfo& info, Steps& steps) const;
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
-  c10::Device barrierDevice(const c10d::BarrierOptions& opts) const;
+  // The device barrier() runs on: the one it names (or the group's), or the host where this
+  // process has no device of that type at all (PathFactory::whyNoDevice), as gloo's barrier
+  // runs whatever ids it is given; said once in the log. A barrier carries no data, so where
+  // it runs changes nothing but its cost.
+  c10::Device barrierDevice(const c10d::BarrierOptions& opts);
   // The next split of this group, as its factories see it (PathFactory::SplitOf), meeting as
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
@@ -382,6 +386,7 @@ class ProcessGroup final : public c10d::Backend {
   OnceMap<c10::Device, Path> anySourceLanes_;
   mutable std::mutex lastDeviceMutex_;
   std::optional<c10::Device> lastAcceleratorDevice_;
+  std::atomic<bool> barrierMovedToHostLogged_{false};
 
   std::atomic<uint64_t> seq_{0};
   // shutdown(): set by the first call, which closes the group (later ops raise); the others

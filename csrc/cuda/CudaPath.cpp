@@ -121,6 +121,15 @@ CudaPathFactory::CudaPathFactory(std::shared_ptr<NcclApi> nccl, std::shared_ptr<
       size_(size),
       options_(std::move(options)) {}
 
+std::optional<std::string> CudaPathFactory::whyNoDevice() {
+  try {
+    cuda_->checkUsable(c10::Device(c10::kCUDA, 0));  // a process with any GPU has this one
+    return std::nullopt;
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+}
+
 std::unique_ptr<Path> CudaPathFactory::open(const c10::Device& device) {
   cuda_->checkUsable(device);
   int number = 0;

@@ -25,6 +25,8 @@ class CudaPathFactory final : public PathFactory {
                   c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                   c10::intrusive_ptr<Options> options);
   std::unique_ptr<Path> open(const c10::Device& device) override;
+  // What CudaApi::checkUsable refuses the first device for.
+  std::optional<std::string> whyNoDevice() override;
   PeerLanes openPeer(const c10::Device& device, int peer) override;
   // Refused: NCCL has no receive from any source.
   std::unique_ptr<Path> openAnySource(const c10::Device& device) override;
