@@ -6,7 +6,6 @@ sends them module-level functions to run; every rank calls fn(ctx, *args, **kwar
 
 import contextlib
 import faulthandler
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -17,12 +16,14 @@ import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait
 
+import forkserver
 import torch
 import torch.distributed as dist
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # Once a rank has failed, its peers are usually stuck in a collective waiting for it.
 ERROR_GRACE_S = 5.0
+forkserver.preload(__name__)
 
 
 class RankContext:
@@ -39,10 +40,14 @@ class RankContext:
 
 def _exit_when_parent_dies(parent_pid):
     # Daemon children are only reaped when the parent exits cleanly; this covers a killed
-    # pytest, even while the main thread hangs in a collective.
-    while os.getppid() == parent_pid:
+    # pytest, even while the main thread hangs in a collective. (The test process is not this
+    # one's parent: the fork server is.)
+    while True:
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
         time.sleep(0.5)
-    os._exit(1)
 
 
 def _send(conn, kind, value):
@@ -51,7 +56,10 @@ def _send(conn, kind, value):
     conn.send_bytes(pickle.dumps((kind, value)))
 
 
-def _worker(rank, world_size, backend, store_port, timeout_s, conn, parent_pid):
+def _worker(rank, world_size, backend, store_port, timeout_s, conn, parent_pid, environ):
+    # Forked from the server (forkserver.py), whose environment is not the test's.
+    os.environ.clear()
+    os.environ.update(environ)
     threading.Thread(target=_exit_when_parent_dies, args=(parent_pid,), daemon=True).start()
     # On a hang the parent asks for every thread's stack before it kills us.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -118,11 +126,11 @@ class RankPool:
         # We host the rendezvous store on a port the OS picks, so there is no free-port race
         # and it does not depend on any rank staying alive.
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        spawn = mp.get_context("spawn")
+        ranks = forkserver.context()
         self._procs, self._conns = [], []
         for rank in range(self.world_size):
-            parent_end, child_end = spawn.Pipe()
-            proc = spawn.Process(
+            parent_end, child_end = ranks.Pipe()
+            proc = ranks.Process(
                 target=_worker,
                 name=f"rank{rank}",
                 daemon=True,
@@ -134,6 +142,7 @@ class RankPool:
                     self.timeout_s,
                     child_end,
                     os.getpid(),
+                    dict(os.environ),
                 ),
             )
             proc.start()

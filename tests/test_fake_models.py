@@ -171,6 +171,7 @@ def test_in_progress_a_group_end_can_be_still_enqueueing():
     assert torch.equal(x, torch.full((2,), 3.0)) and torch.equal(y, torch.full((3,), 3.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(LOAD_BEARING))
 def test_each_model_is_load_bearing(model):
     # Each test in a process of its own: with a model off, the fake may be left in an

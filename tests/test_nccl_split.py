@@ -169,6 +169,7 @@ def test_a_split_while_the_parent_has_ops_in_flight_leaves_them_to_finish():
     _end(groups, results)
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_takes_part_fails_the_split_within_the_timeout():
     groups = connect(fake_ranks(3, timeout=timedelta(seconds=2)))
     parts = [[0, 1]]
@@ -189,6 +190,7 @@ def test_a_rank_that_never_takes_part_fails_the_split_within_the_timeout():
     shut_down(groups)
 
 
+@pytest.mark.slow
 def test_ranks_whose_split_never_completes_abort_the_parent_within_the_timeout():
     # Rank 3 agrees to the split (its Store key is written here for it) but never calls
     # ncclCommSplit, so NCCL waits for it on the others. Their timeout ends that, and only the
@@ -324,6 +326,7 @@ def _new_process_group_helper(
     return streamnccl._create_backend(options, backend_options)
 
 
+@pytest.mark.torch_internals
 def test_new_group_on_a_bound_default_group_is_split_from_it(monkeypatch):
     # The members split in the creator, the others in perform_nocolor_split, all meeting under
     # the new group's name; then a second new_group, of all ranks.
@@ -359,6 +362,7 @@ def test_new_group_on_a_bound_default_group_is_split_from_it(monkeypatch):
         assert gpu.violations() == []
 
 
+@pytest.mark.torch_internals
 def test_a_subset_group_of_another_backend_leaves_the_others_out_of_any_split(monkeypatch):
     # new_group([0, 1], backend="gloo") on a bound world: torch still calls
     # perform_nocolor_split on rank 2, whose members never reach streamnccl. It must neither
@@ -380,6 +384,7 @@ def test_a_subset_group_of_another_backend_leaves_the_others_out_of_any_split(mo
     _end(groups, results)
 
 
+@pytest.mark.torch_internals
 def test_new_group_with_local_synchronization_is_not_split(monkeypatch):
     # torch names such a group by a hash, and the ranks outside it never call new_group: a
     # split would wait for them. Its members connect afresh.
@@ -515,21 +520,31 @@ TORCHS_OWN_NEW_GROUP = """
     c10d._world = WorldOfThisThread()
     base = dist.HashStore()
 
+    made = {}  # by rank: the groups torch made
+
     def two_groups(rank, pg, gpu):
         parents[threading.get_ident()] = (pg, rank)
         gpu.clear()
         for name, members in (("1", [1]), ("2", [0])):
-            c10d._new_process_group_helper(
+            group, _ = c10d._new_process_group_helper(
                 len(members), members.index(rank) if rank in members else -1, members,
                 c10d.Backend("streamnccl"), base, c10d.GroupName(name),
                 timeout=timedelta(seconds=20),
             )
+            if isinstance(group, dist.ProcessGroup):
+                made.setdefault(rank, []).append(group._get_backend(t.CPU))
         return [c.split(" -> ")[0] for c in gpu.calls() if c.startswith("ncclCommSplit")]
 
     print(t.run_ranks(groups, two_groups))
+    # Every rank ends its groups at once, as separate processes would: one thread ending them
+    # in turn would wait for the others' finalize.
+    t.run_ranks(groups, lambda rank, pg, gpu: [child.shutdown() for child in made.get(rank, [])])
+    t.shut_down(groups)
 """
 
 
+@pytest.mark.torch_internals
+@pytest.mark.slow
 def test_torchs_own_new_group_splits_alike_on_members_and_the_others():
     # Through torch's _new_process_group_helper itself (in a child: it registers groups in
     # torch's world), whose frame streamnccl reads on both sides.

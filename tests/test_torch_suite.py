@@ -12,7 +12,6 @@ below. STREAMNCCL_SUITE_BACKEND=gloo runs this module against gloo instead, as t
 """
 
 import contextlib
-import multiprocessing.forkserver
 import os
 import re
 import tempfile
@@ -30,6 +29,7 @@ import pytest  # noqa: E402
 
 pytest.importorskip("expecttest", reason="torch's test suite needs expecttest (scripts/setup.sh)")
 
+import forkserver  # noqa: E402
 import streamnccl  # noqa: E402, F401  (registers the backend, here and in every rank)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -42,6 +42,9 @@ for feature in ("gpu", "cuda", "ddp", "subgroup", "plugin"):
     DistTestCases.backend_feature[feature].add("streamnccl")
 
 import torch.testing._internal.distributed.distributed_test as suite  # noqa: E402
+
+# torch's own suite reads torch's internals through and through.
+pytestmark = [pytest.mark.slow, pytest.mark.torch_internals]
 
 # Tests torch runs only for the backends it names, whose bodies use nothing of those backends'
 # own: reached by calling the suite's test function.
@@ -161,23 +164,7 @@ def _reach(name, through_gloo_branch=False):
 
 # Rank processes fork from one server that has imported torch, the suite and this module once,
 # instead of each importing them afresh (seconds per process, two per test).
-_forkserver = torch.multiprocessing.get_context("forkserver")
-_forkserver.set_forkserver_preload([__name__])
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _start_forkserver():
-    # Python 3.11's forkserver ignores sys.path when it preloads: it finds this module through
-    # PYTHONPATH, set only while it starts.
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, saved]))
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+forkserver.preload(__name__)
 
 
 class TestDistributedSuite(suite.TestDistBackend, suite.DistributedTest._DistTestBase):
@@ -186,8 +173,7 @@ class TestDistributedSuite(suite.TestDistBackend, suite.DistributedTest._DistTes
         self._spawn_processes()
 
     def _spawn_processes(self):
-        _start_forkserver()  # returns at once once it runs
-        self._start_processes(_forkserver.Process)
+        self._start_processes(forkserver.context().Process)
 
     def _start_processes(self, proc):
         # As torch's, plus this test's TEMP_DIR and INIT_METHOD (made by setUp), which a rank
