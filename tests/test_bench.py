@@ -325,6 +325,7 @@ def test_two_rank_cpu_run_prints_both_backends_and_writes_json_and_plot(tmp_path
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_every_op_gives_right_results_on_both_backends(tmp_path):
     done = run_bench("-b", "1K", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--rounds", "2",
                      "-c", "--json", "r.json", nproc=2, timeout_s=120, cwd=tmp_path)  # fmt: skip
@@ -345,6 +346,7 @@ def test_every_op_gives_right_results_on_both_backends(tmp_path):
         assert f"# {op} time ratio:" in done.stdout
 
 
+@pytest.mark.slow
 def test_check_catches_a_wrong_result_and_exits_non_zero(tmp_path):
     # The hidden test hook makes rank 0 see one element of every streamnccl result off by one.
     done = run_bench("--op", "all_gather,reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
@@ -376,6 +378,7 @@ def test_arguments_no_backend_can_run_exit_2_with_the_reason(tmp_path):
     assert "gloo has no AVG reduction" in done.stderr
 
 
+@pytest.mark.slow
 def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
     report_file = tmp_path / "scale.json"
     done = run_bench("--ops", "300", "--inflight", "50", "--groups", "3", "--json",
@@ -396,6 +399,7 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
         assert f"{backend} subgroups: make_ms" in done.stdout
 
 
+@pytest.mark.torch_internals
 @pytest.mark.skipif(
     not hasattr(_testing, "recording_process_group"),
     reason="this build has no NCCL path (STREAMNCCL_BUILD_NCCL=0 or a CPU-only torch)",

@@ -13,12 +13,14 @@ import torch
 import torch.distributed as dist
 
 
+@pytest.mark.torch_internals
 def test_import_registers_backend_for_cpu_and_cuda():
     assert "streamnccl" in dist.Backend.backend_list
     assert dist.Backend.backend_capability["streamnccl"] == ["cpu", "cuda"]
     assert dist.Backend.STREAMNCCL == "streamnccl"
 
 
+@pytest.mark.torch_internals
 def test_info_reports_versions_and_paths():
     info = streamnccl.info()
     assert info["streamnccl"] == streamnccl.__version__
@@ -43,6 +45,7 @@ def test_nccl_path_is_built_when_torch_is_a_cuda_build():
         assert info["nccl_loaded"] is not None
 
 
+@pytest.mark.torch_internals
 def test_an_extension_built_against_another_torch_says_so_at_import():
     # As if the torch installed had changed since the build: the import names both versions
     # instead of failing at an undefined symbol (or loading and misreading torch's types).
@@ -57,6 +60,7 @@ def test_an_extension_built_against_another_torch_says_so_at_import():
     ), done.stderr
 
 
+@pytest.mark.torch_internals
 def test_the_extension_carries_no_debug_info_and_the_product_no_test_doubles():
     # Debug info was 62 of the extension's 64 MB. The test doubles are a module of their own,
     # which `import streamnccl` does not load.
@@ -122,6 +126,7 @@ def test_the_extension_uses_the_libstdcxx_torch_loads():
     assert "libstdc++.so.6" in libs, libs
 
 
+@pytest.mark.slow
 def test_a_compiler_that_links_libstdcxx_statically_still_gives_no_copy(tmp_path):
     """The extension linked again, as a compiler that links libstdc++ statically links it (the
     GPU machine's did): setup.py names torch's libstdc++ first, so nothing is copied in."""
@@ -234,6 +239,7 @@ def test_options_refuse_the_nccl_variables_that_would_override_streamnccls_confi
         streamnccl.Options().resolved()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["gpu-check", "gpu-report"])
 def test_the_gpu_scripts_say_there_is_no_gpu_and_pass(script, tmp_path):
     """scripts/gpu-check.sh and gpu-report.sh, the commands for a GPU machine, exit 0 at once

@@ -230,6 +230,7 @@ def test_barrier_waits_for_the_last_rank(rank_pools, world_size):
     rank_pools(world_size).run(_barrier, device_ids=False)
 
 
+@pytest.mark.torch_internals
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the device ids name real GPUs here")
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_a_barrier_naming_a_gpu_on_a_machine_without_one_runs_on_the_host(rank_pools, world_size):

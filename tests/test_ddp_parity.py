@@ -8,6 +8,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+pytestmark = pytest.mark.torch_internals  # DDP, which reads a group's backend
+
 STEPS = 24
 
 

@@ -5,6 +5,8 @@ own, the restarted workers read the dead ones' Gloo addresses and hung or failed
 import pytest
 from test_examples import torchrun
 
+pytestmark = [pytest.mark.slow, pytest.mark.torch_internals]  # torchelastic's restarts
+
 
 @pytest.mark.parametrize("run", range(3))
 def test_restarted_workers_resume_from_the_checkpoint(run, tmp_path):

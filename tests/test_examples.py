@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a torchrun job per test
+
 ROOT = Path(__file__).resolve().parent.parent
 INFLIGHT_WRITES_FOUND = "was written while the op was in flight"
 

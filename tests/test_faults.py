@@ -87,6 +87,7 @@ def _silent_peer(ctx, async_op):
     return detected_after
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_failing_rank_is_a_silent_peer_to_the_others(rank_pools, world_size, async_op):
@@ -122,6 +123,7 @@ def _watchdog_times_out_an_async_op(ctx):
     return True
 
 
+@pytest.mark.slow
 def test_the_watchdog_fails_an_op_past_its_deadline(rank_pools):
     assert rank_pools(2).run(_watchdog_times_out_an_async_op) == [True, True]
 
@@ -182,6 +184,7 @@ def _abort(ctx):
     return waited, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_abort_returns_at_once_and_the_group_refuses_later_calls(rank_pools):
     (waited, destroyed), _ = rank_pools(2).run(_abort)
     assert waited < GROUP_TIMEOUT_S + 5, waited
@@ -280,10 +283,12 @@ def _failure_hidden_until_dumped(ctx):
     return True
 
 
+@pytest.mark.slow
 def test_an_op_fails_only_once_its_dump_is_written(rank_pools):
     assert rank_pools(2).run(_failure_hidden_until_dumped) == [True, True]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_peer_that_skips_a_collective_is_an_error_within_the_timeout(

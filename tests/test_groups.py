@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from test_examples import torchrun
 
+pytestmark = pytest.mark.torch_internals  # torch's new_group, split_group and backend strings
+
 JOBS = Path(__file__).resolve().parent / "jobs"
 
 
@@ -143,7 +145,7 @@ def test_debug_checks_work_on_split_groups(rank_pools, world_size):
     assert rank_pools(world_size).run(_split_with_debug_checks) == [True] * world_size
 
 
-@pytest.mark.torch_internals
+@pytest.mark.slow
 def test_new_group_on_a_bound_default_group_splits_it_as_torch_decides(tmp_path):
     # torch's own new_group (its making of the group, whose locals streamnccl reads): the
     # members split the default group and the rank outside takes part; a group of another

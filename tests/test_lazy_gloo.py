@@ -10,6 +10,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
+pytestmark = (
+    pytest.mark.torch_internals
+)  # torch's ProcessGroupGloo options, which the host path makes
+
 GROUPS = 64
 
 

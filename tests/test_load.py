@@ -37,6 +37,7 @@ def _small_ops_in_a_loop(ctx, count):
     return growth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2])
 def test_ten_thousand_small_ops_keep_memory_steady(rank_pools, world_size):
     growth = rank_pools(world_size).run(_small_ops_in_a_loop, 10_000)
@@ -61,6 +62,7 @@ def _many_in_flight(ctx, count):
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_thousand_async_ops_in_flight(rank_pools, world_size):
     assert rank_pools(world_size).run(_many_in_flight, 1000) == [True] * world_size

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+pytestmark = pytest.mark.torch_internals  # c10d's monitored_barrier reaching streamnccl's
+
 WORLD_SIZES = [2, 3]
 
 
@@ -73,6 +75,7 @@ def test_rank_0_names_the_first_rank_that_did_not_arrive_and_the_others_learn_at
     assert total0 == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_with_wait_all_ranks_rank_0_names_every_rank_that_did_not_arrive(rank_pools):
     results = rank_pools(3).run(_some_ranks_stay_away, absent=[1, 2], wait_all_ranks=True)
     zero = results[0][0]
@@ -98,7 +101,6 @@ def _torchs_own_call(ctx):
     return True
 
 
-@pytest.mark.torch_internals
 def test_torchs_monitored_barrier_reaches_streamnccl_where_torch_allows_it(rank_pools):
     if torch.torch_version.TorchVersion(torch.__version__) < "2.15":
         pytest.skip("torch before 2.15 refuses monitored_barrier in Python for all but gloo")

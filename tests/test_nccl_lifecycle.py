@@ -83,6 +83,7 @@ def test_destroy_waits_for_the_ops_in_flight_then_finalizes():
     assert settle(gpu) == []
 
 
+@pytest.mark.slow
 def test_a_teardown_past_the_timeout_aborts_and_names_the_op():
     # The op's own timeout is longer than the group's, so the teardown's deadline comes first.
     pg, gpu = connected(timeout=timedelta(seconds=1))
@@ -275,6 +276,7 @@ WATCHDOG_MEETS_A_CUDA_ERROR = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "call, timing, sticky",
     [
@@ -329,6 +331,7 @@ A_FAILURE_SHOWS_ONCE_DUMPED = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fault, error",
     [
@@ -372,6 +375,7 @@ A_DUMP_THAT_NEVER_ENDS = """
 """
 
 
+@pytest.mark.slow
 def test_a_dump_that_never_ends_delays_the_failure_but_does_not_stop_it():
     # The ops fail once the dump is written, or once the writer has had 30 s: a hung file
     # system must not turn a timeout into a hang.
@@ -422,6 +426,7 @@ A_TEARDOWN_DURING_A_BREAK = """
 """
 
 
+@pytest.mark.slow
 def test_a_teardown_during_a_break_on_another_thread_frees_nothing_in_use():
     # The thread breaking the group has not yet taken the ops in flight while it writes the
     # dump: the teardown fails them itself and keeps their tensors until their end has passed.
@@ -484,6 +489,7 @@ def test_a_failed_ops_tensors_outlive_its_kernels_after_the_abort():
     assert settle(gpu) == []
 
 
+@pytest.mark.slow
 def test_a_teardown_that_aborts_gives_failed_ops_time_to_pass_their_end():
     # The flush runs past the timeout, so the teardown aborts; the op's end passes just after
     # the abort. Its tensors are let go then, not kept for good because the flush's deadline

@@ -231,6 +231,7 @@ def test_blocking_wait_blocks_until_the_timeout():
     assert 0.25 < time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_without_blocking_wait_wait_returns_at_once():
     pg, gpu = fake_group(timeout=timedelta(seconds=5))
     pg.eager_connect_single_device(torch.device("cpu"))
@@ -389,6 +390,7 @@ CAPTURE_WITH_COLLECTIVES = """
 """
 
 
+@pytest.mark.slow
 def test_collectives_can_be_captured_in_a_cuda_graph():
     output = run_child(CAPTURE_WITH_COLLECTIVES)
     assert "capture: ok" in output
@@ -411,6 +413,7 @@ CAPTURE_BESIDE_WORK_IN_FLIGHT = """
 """
 
 
+@pytest.mark.slow
 def test_the_watchdog_does_not_invalidate_a_capture_on_another_thread():
     output = run_child(CAPTURE_BESIDE_WORK_IN_FLIGHT)
     assert "capture: ok" in output
@@ -536,12 +539,14 @@ LANE_TORN_DOWN_WHILE_CONNECTING = """
 """
 
 
+@pytest.mark.slow
 def test_a_lanes_stream_outlives_the_work_waiting_for_it():
     output = run_child(LANE_TORN_DOWN_WHILE_CONNECTING)
     assert "destroyed: True" in output
     assert "violations: []" in output
 
 
+@pytest.mark.slow
 def test_abort_ends_an_init_waiting_for_a_peer():
     output = run_child(ABORT_DURING_INIT)
     assert "abort took: 0." in output

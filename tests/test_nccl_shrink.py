@@ -139,6 +139,7 @@ def test_an_nccl_without_comm_shrink_is_refused_at_the_call():
     shut_down(groups)
 
 
+@pytest.mark.slow
 def test_a_remaining_rank_that_never_shrinks_fails_the_others_within_the_timeout():
     groups = connect(fake_ranks(3, timeout=timedelta(seconds=2)))
     pg, gpu = groups[0]

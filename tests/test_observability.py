@@ -15,6 +15,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+pytestmark = (
+    pytest.mark.torch_internals
+)  # torch's flight recorder analyzer and profiler read streamnccl's
+
 TESTS = Path(__file__).resolve().parent
 WORLD_SIZES = [2, 3]
 
@@ -29,6 +33,7 @@ def run_with_timeout(command, timeout_s, **kwargs):
 # --- the flight recorder, read by torch's analyzer
 
 
+@pytest.mark.slow
 def test_torchs_analyzer_names_the_mismatched_collective(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()

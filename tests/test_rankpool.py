@@ -80,6 +80,7 @@ def test_remote_exception_names_rank_and_traceback_and_pool_survives(rank_pools)
     assert rank_pools(2).run(_identify) == before  # same processes, no restart
 
 
+@pytest.mark.slow
 def test_hang_fails_within_timeout_and_next_run_gets_fresh_pool(rank_pools):
     before = rank_pools(2).run(_identify)
     started = time.monotonic()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -22,6 +24,7 @@ def resolved_python(checkout, **env):
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_default_is_a_fresh_project_virtual_environment(tmp_path):
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "python-env.sh", tmp_path / "scripts")

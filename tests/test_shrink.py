@@ -12,9 +12,12 @@ import torch
 import torch.distributed as dist
 from test_examples import torchrun
 
+pytestmark = pytest.mark.torch_internals  # torch's shrink_group around streamnccl's
+
 TIMEOUT = timedelta(seconds=20)
 
 
+@pytest.mark.slow
 def test_survivors_of_a_dead_rank_shrink_and_finish_training_alike(tmp_path):
     done = torchrun("shrink_on_failure.py", 4, "--timeout-s", "5", timeout_s=180, cwd=tmp_path)
     output = done.stdout + done.stderr
@@ -25,6 +28,7 @@ def test_survivors_of_a_dead_rank_shrink_and_finish_training_alike(tmp_path):
     assert "3 ranks finished 10 steps: parameters identical" in done.stdout, output
 
 
+@pytest.mark.slow
 def test_gloo_cannot_shrink_and_says_so(tmp_path):
     done = torchrun(
         "shrink_on_failure.py", 4, "--backend", "gloo", "--timeout-s", "5",

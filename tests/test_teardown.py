@@ -80,6 +80,7 @@ def _flush_past_the_timeout(ctx):
     return took
 
 
+@pytest.mark.slow
 def test_a_flush_past_the_timeout_aborts_and_says_which_op(rank_pools):
     took = rank_pools(2).run(_flush_past_the_timeout)
     assert took[0] < 2, took  # nothing of rank 0's was in flight
@@ -256,6 +257,7 @@ LET_GO_WHEN_THE_WATCHDOG_FAILS_ITS_OP = """
 """
 
 
+@pytest.mark.slow
 def test_a_group_let_go_of_by_its_watchdog_ends_without_waiting_for_itself():
     output = run_child(LET_GO_WHEN_THE_WATCHDOG_FAILS_ITS_OP)
     assert "returned: True on ['streamnccl-wdog']" in output, output
@@ -339,6 +341,7 @@ EXIT_WHILE_THE_LAST_REFERENCE_IS_IN_A_CALLBACK = """
 """
 
 
+@pytest.mark.slow
 def test_the_exit_ends_when_a_callback_lets_go_of_a_group_it_is_closing():
     output = run_child(EXIT_WHILE_THE_LAST_REFERENCE_IS_IN_A_CALLBACK)  # the child exits with 0
     assert "exiting" in output, output

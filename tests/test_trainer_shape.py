@@ -9,6 +9,8 @@ import pytest
 import torch
 from test_examples import torchrun
 
+pytestmark = [pytest.mark.slow, pytest.mark.torch_internals]  # torch's barrier(device_ids)
+
 JOB = Path(__file__).resolve().parent / "jobs" / "trainer_shape.py"
 MOVED_TO_HOST = "the barrier runs on the host instead, as gloo's does"
 

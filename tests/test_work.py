@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from collective_helpers import call_keeping_the_gil_until_it_blocks
 
+pytestmark = pytest.mark.torch_internals  # streamnccl's Work as a subclass of torch's, in Python
+
 WORLD_SIZES = [2, 3]
 
 
@@ -134,6 +136,7 @@ def _is_completed_does_not_block_and_wait_timeout_raises(ctx):
     assert torch.equal(y, torch.full((2,), float(ctx.world_size)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_wait_with_timeout_raises_dist_backend_error(rank_pools, world_size):
     rank_pools(world_size).run(_is_completed_does_not_block_and_wait_timeout_raises)
