@@ -3,8 +3,10 @@ async, at world sizes 2 and 3: against closed-form values and against a Gloo gro
 per-rank data."""
 
 import time
+from datetime import timedelta
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 from collective_helpers import MODES, run_op
@@ -285,3 +287,39 @@ def _bitwise_allreduce(ctx, op_name, mode, dtype):
 @pytest.mark.parametrize("dtype", [torch.int32, torch.uint8], ids=["int32", "uint8"])
 def test_bitwise_allreduce(rank_pools, world_size, mode, op_name, dtype):
     rank_pools(world_size).run(_bitwise_allreduce, op_name, mode, dtype)
+
+
+def _direct_group(ctx, name):
+    """A streamnccl group made directly over a store of the test's own, its host path on the
+    pool's Gloo: the store's keys are the test's to read and write."""
+    store = dist.PrefixStore(f"{name}/", dist.distributed_c10d._get_default_store())
+    gloo = ctx.gloo._get_backend(torch.device("cpu"))
+    group = streamnccl.ProcessGroup(
+        store, ctx.rank, ctx.world_size, timedelta(seconds=30), streamnccl.Options(), gloo=gloo
+    )
+    return group, store
+
+
+def _a_rank_that_has_the_device(ctx):
+    group, store = _direct_group(ctx, "barrier_place")
+    if ctx.rank == 1:  # answers as a rank that has a GPU would, and waits for no barrier
+        store.set("streamnccl/barrier_place/cuda/1", "")
+        return None
+    options = dist.BarrierOptions()
+    options.device_ids = [0]
+    first = pytest.raises(ValueError, group.barrier, options)
+    again = pytest.raises(ValueError, group.barrier, options)  # agreed once, refused each time
+    assert str(again.value) == str(first.value)
+    return str(first.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the device ids name real GPUs here")
+def test_ranks_that_disagree_on_having_the_device_are_refused_rather_than_left_waiting(
+    rank_pools,
+):
+    # Deciding alone, rank 0 would run its barrier on the host while a rank with a GPU ran its
+    # own on NCCL: both would wait out the timeout. Agreed through the Store, every rank is
+    # refused at once, naming the ranks without the device (here rank 0, the only one).
+    refusal, _ = rank_pools(2).run(_a_rank_that_has_the_device)
+    assert "rank(s) 0 have no cuda:0 where the others have one" in refusal, refusal
+    assert "a barrier runs on one kind of device on every rank" in refusal

@@ -1,5 +1,5 @@
 """monitored_barrier: rank 0 names the ranks that did not reach it, as gloo's does, and the others
-learn at once that it failed. torch 2.15 sends dist.monitored_barrier to any group with a CPU
+learn at once that it failed. torch 2.14+ sends dist.monitored_barrier to any group with a CPU
 backend (older releases refuse every backend but gloo in Python): the group's own
 monitored_barrier reaches streamnccl on every release. Each test uses a group of its own: a
 rank that skips a barrier is a barrier behind the others on that group, as on gloo."""
@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 
@@ -102,6 +103,49 @@ def _torchs_own_call(ctx):
 
 
 def test_torchs_monitored_barrier_reaches_streamnccl_where_torch_allows_it(rank_pools):
-    if torch.torch_version.TorchVersion(torch.__version__) < "2.15":
-        pytest.skip("torch before 2.15 refuses monitored_barrier in Python for all but gloo")
+    if torch.torch_version.TorchVersion(torch.__version__) < "2.14":
+        pytest.skip("torch before 2.14 refuses monitored_barrier in Python for all but gloo")
     assert rank_pools(2).run(_torchs_own_call) == [True, True]
+
+
+def _rank_0_broken(ctx):
+    group = _fresh_group(ctx)
+    backend = group._get_backend(torch.device("cpu"))
+    if ctx.rank == 0:
+        backend.abort()  # this rank's group is broken: it must not wait, and must say so
+    started = time.monotonic()
+    with pytest.raises(dist.DistBackendError) as failure:
+        group.monitored_barrier(timedelta(seconds=30))
+    took = time.monotonic() - started
+    dist.destroy_process_group(group)
+    return str(failure.value), took
+
+
+def test_a_broken_rank_0_fails_every_rank_at_once(rank_pools):
+    (zero, _), (one, took_one) = rank_pools(2).run(_rank_0_broken)
+    assert "aborted by the caller" in zero, zero
+    assert "received errors while waiting for send/recv from rank 0: " in one, one
+    assert "aborted by the caller" in one, one  # rank 0's reason
+    assert took_one < 20, "rank 1 waited out the timeout instead of hearing from rank 0"
+
+
+def _keys_left(ctx):
+    store = dist.PrefixStore("monitored_keys/", dist.distributed_c10d._get_default_store())
+    gloo = ctx.gloo._get_backend(torch.device("cpu"))
+    group = streamnccl.ProcessGroup(
+        store, ctx.rank, ctx.world_size, timedelta(seconds=30), streamnccl.Options(), gloo=gloo
+    )
+    group.monitored_barrier(timedelta(seconds=20))
+    dist.barrier(group=ctx.gloo)  # every rank has left it
+    prefix = "streamnccl/monitored_barrier/0/"
+    keys = [f"{prefix}arrived/{r}" for r in range(1, ctx.world_size)]
+    keys += [f"{prefix}release", f"{prefix}departed"]
+    left = [key for key in keys if store.check([key])]
+    group.shutdown()
+    return left
+
+
+def test_a_barrier_every_rank_passed_leaves_no_keys_behind(rank_pools):
+    # A group of the same name, made later over the same store, counts its barriers from 0
+    # again: a key left behind would let its ranks pass without rank 0.
+    assert rank_pools(3).run(_keys_left) == [[]] * 3

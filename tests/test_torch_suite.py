@@ -65,7 +65,7 @@ REACHED_THROUGH_BACKEND_NAME_GATES = [
     # "Only gloo backend supports timeouts"
     "test_barrier_timeout_full_group",
     # require_backend_is_available({"gloo"}): gloo's monitored barrier, which streamnccl has
-    # (on torch before 2.15, the first two are known failures: see below)
+    # (on torch before 2.14, the first two are known failures: see below)
     "test_monitored_barrier_gloo",
     "test_monitored_barrier_gloo_subgroup",
     "test_monitored_barrier_gloo_rank_0_timeout",
@@ -102,7 +102,7 @@ class KnownFailure(NamedTuple):
 
 
 _MONITORED_BARRIER = (
-    "torch before 2.15 refuses dist.monitored_barrier in Python for every backend but gloo "
+    "torch before 2.14 refuses dist.monitored_barrier in Python for every backend but gloo "
     "(streamnccl implements it: the group's own monitored_barrier reaches it)"
 )
 
@@ -114,10 +114,10 @@ KNOWN_FAILURES = {
         r"'custom' != 'streamnccl'",
     ),
     "test_monitored_barrier_gloo": KnownFailure(
-        _MONITORED_BARRIER, r"monitored_barrier is only implemented for GLOO backend", "2.15"
+        _MONITORED_BARRIER, r"monitored_barrier is only implemented for GLOO backend", "2.14"
     ),
     "test_monitored_barrier_gloo_subgroup": KnownFailure(
-        _MONITORED_BARRIER, r"monitored_barrier is only implemented for GLOO backend", "2.15"
+        _MONITORED_BARRIER, r"monitored_barrier is only implemented for GLOO backend", "2.14"
     ),
     "test_sparse_all_reduce_sum": KnownFailure(
         "streamnccl serves dense tensors only, as the built-in nccl backend does; gloo alone "

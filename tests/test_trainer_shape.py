@@ -12,7 +12,7 @@ from test_examples import torchrun
 pytestmark = [pytest.mark.slow, pytest.mark.torch_internals]  # torch's barrier(device_ids)
 
 JOB = Path(__file__).resolve().parent / "jobs" / "trainer_shape.py"
-MOVED_TO_HOST = "the barrier runs on the host instead, as gloo's does"
+MOVED_TO_HOST = "barriers naming one run on the host instead, as gloo's do"
 
 
 def parameters_after(backend, tmp_path):

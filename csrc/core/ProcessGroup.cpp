@@ -3,7 +3,6 @@
 #include "core/Errors.hpp"
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
-#include "core/MonitoredBarrier.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
@@ -854,72 +853,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()
     return endCoalescing();
   }
   return c10d::Work::create_from_future(coalescing_->future);
-}
-
-c10::Device ProcessGroup::barrierDevice(const c10d::BarrierOptions& opts) {
-  const c10::Device host(c10::kCPU);
-  const c10::Device named = [&] {
-    if (!opts.device_ids.empty()) {
-      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(opts.device_ids.front()));
-    }
-    if (opts.device) {
-      return *opts.device;
-    }
-    if (auto bound = getBoundDeviceId()) {
-      return *bound;
-    }
-    std::lock_guard<std::mutex> lock(lastDeviceMutex_);
-    return lastAcceleratorDevice_.value_or(host);
-  }();
-  if (named.is_cpu()) {
-    return host;
-  }
-  const auto factory = factories_.find(named.type());
-  const std::optional<std::string> why =
-      factory == factories_.end()
-          ? std::optional<std::string>("this build of streamnccl has no path for it")
-          : factory->second->whyNoDevice();
-  if (!why) {
-    return named;
-  }
-  if (!barrierMovedToHostLogged_.exchange(true)) {
-    LOG(WARNING) << who() << " barrier: there is no " << named << " (" << *why
-                 << "); the barrier runs on the host instead, as gloo's does (said once per "
-                    "group)";
-  }
-  return host;
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions& opts) {
-  constexpr const char* op = "barrier";
-  // A one-element allreduce on the group's device, whose Work blocks the host on wait():
-  // barrier() is a host synchronisation point even where collectives are stream-ordered.
-  const c10::Device device = barrierDevice(opts);
-  Path& path = pathFor(device, op);
-  Kernels callers(*path.device);
-  const at::Tensor token = callers.zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
-  return launch({op,
-                 c10d::OpType::BARRIER,
-                 token,
-                 {token},
-                 {token},
-                 /*async=*/true,
-                 opts.timeout,
-                 /*blockHostOnWait=*/true},
-                path,
-                {[token](Communicator& comm, Kernels&, c10::Stream stream) {
-                   comm.allReduce(token, token, ReduceKind::Sum, stream);
-                 },
-                 nullptr});
-}
-
-void ProcessGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  refuseIfBroken("monitored_barrier");
-  TORCH_CHECK(store_, "streamnccl: monitored_barrier needs the group's Store");
-  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? options_->timeout : opts.timeout;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "streamnccl/monitored_barrier/" + std::to_string(monitoredBarriers_++) + "/", store_);
-  streamnccl::monitoredBarrier(*store, getRank(), getSize(), timeout, waitAllRanks, who());
 }
 
 }  // namespace streamnccl

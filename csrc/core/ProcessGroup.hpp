@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -205,11 +206,13 @@ class ProcessGroup final : public c10d::Backend {
       std::vector<at::Tensor>& outputTensors, std::vector<at::Tensor>& inputTensors,
       const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
 
-  // ProcessGroup.cpp
+  // Barriers.cpp
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
   // torch.distributed.monitored_barrier (MonitoredBarrier.hpp), through the group's Store.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
+
+  // ProcessGroup.cpp
   // Between these, ops are recorded instead of launched; endCoalescing() launches them as one
   // communicator group on the internal stream and returns its one Work.
   void startCoalescing() override;
@@ -339,11 +342,20 @@ class ProcessGroup final : public c10d::Backend {
   void injectTestFault(const OpInfo& info, Steps& steps) const;
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
-  // The device barrier() runs on: the one it names (or the group's), or the host where this
-  // process has no device of that type at all (PathFactory::whyNoDevice), as gloo's barrier
-  // runs whatever ids it is given; said once in the log. A barrier carries no data, so where
-  // it runs changes nothing but its cost.
+  // The device barrier() runs on: the one it names (or the group's), or the host where no
+  // rank has a device of that type at all (PathFactory::whyNoDevice), as gloo's barrier runs
+  // whatever ids it is given. A barrier carries no data, so where it runs changes nothing but
+  // its cost.
   c10::Device barrierDevice(const c10d::BarrierOptions& opts);
+  // Where barriers naming a device of `named`'s type run, agreed once per group and type
+  // through the Store at the first such barrier (every rank calls barrier() in the same
+  // order): on the device where every rank has one, on the host where none has (said once
+  // in the log), and nowhere where only some have (`refusal` names them, on every rank).
+  struct BarrierPlace {
+    bool onHost = false;
+    std::string refusal;
+  };
+  const BarrierPlace& barrierPlaceFor(const c10::Device& named);
   // The next split of this group, as its factories see it (PathFactory::SplitOf), meeting as
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
@@ -386,7 +398,8 @@ class ProcessGroup final : public c10d::Backend {
   OnceMap<c10::Device, Path> anySourceLanes_;
   mutable std::mutex lastDeviceMutex_;
   std::optional<c10::Device> lastAcceleratorDevice_;
-  std::atomic<bool> barrierMovedToHostLogged_{false};
+  std::mutex barrierPlacesMutex_;
+  std::map<c10::DeviceType, BarrierPlace> barrierPlaces_;
 
   std::atomic<uint64_t> seq_{0};
   // shutdown(): set by the first call, which closes the group (later ops raise); the others
