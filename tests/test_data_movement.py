@@ -34,6 +34,28 @@ def test_gather_and_scatter_for_every_root(rank_pools, world_size, mode):
     rank_pools(world_size).run(_gather_scatter, mode)
 
 
+def _gather_into_tensor(ctx, mode):
+    n, me = ctx.world_size, ctx.rank
+    for root in range(n):
+        x = torch.randn(4, 3, generator=ctx.seed(root))
+        expected = [torch.empty_like(x) for _ in range(n)] if me == root else None
+        dist.gather(x, expected, dst=root, group=ctx.gloo)
+        got = torch.full((n, 4, 3), -1.0) if me == root else None
+        run_op(lambda a, t=x, g=got, r=root: dist.gather_into_tensor(t, g, dst=r, async_op=a), mode)
+        if me == root:
+            assert torch.equal(got, torch.stack(expected))
+
+
+@pytest.mark.torch_internals
+@pytest.mark.skipif(
+    not hasattr(dist, "gather_into_tensor"), reason="torch before 2.14 has no gather_into_tensor"
+)
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_gather_into_tensor_for_every_root(rank_pools, world_size, mode):
+    rank_pools(world_size).run(_gather_into_tensor, mode)
+
+
 def _all_gather_into_tensor(ctx, mode):
     n = ctx.world_size
     x = torch.randn(3, 2, generator=ctx.seed(1))

@@ -202,6 +202,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
           }));
 }
 
+#if STREAMNCCL_TORCH_AT_LEAST(2, 14)
+c10::intrusive_ptr<c10d::Work> ProcessGroup::gather_into_tensor(at::Tensor& output,
+                                                                at::Tensor& input,
+                                                                const c10d::GatherOptions& opts) {
+  constexpr const char* op = "gather_into_tensor";
+  checks::dense(op, "input", input);
+  checks::rootInRange(op, "dst", opts.rootRank, getSize());
+  std::vector<std::vector<at::Tensor>> outputs;
+  if (opts.rootRank == getRank()) {
+    checks::sameDeviceAndDtype(op, "output", input, output);
+    checks::wholeIsSizeParts(op, "output", output, "input", input, getSize());
+    STREAMNCCL_CHECK_ARG(output.is_contiguous(), op, "`output` must be contiguous");
+    outputs.emplace_back();
+    for (const at::Tensor& chunk : output.view({getSize(), input.numel()}).unbind(0)) {
+      outputs.back().push_back(chunk.view(input.sizes()));
+    }
+  }
+  std::vector<at::Tensor> inputs{input};
+  return gather(outputs, inputs, opts);
+}
+#endif
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
     std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
     const c10d::ScatterOptions& opts) {

@@ -10,6 +10,7 @@
 #include "core/Options.hpp"
 #include "core/Path.hpp"
 #include "core/TensorList.hpp"
+#include "core/TorchVersion.hpp"
 #include "core/Watchdog.hpp"
 #include "core/Work.hpp"
 
@@ -195,6 +196,13 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(
       std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
       const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+#if STREAMNCCL_TORCH_AT_LEAST(2, 14)
+  // torch 2.14+'s gather into one tensor (dist.gather_into_tensor; 2.15: dist.gather_single):
+  // the root's `output` holds the ranks' inputs in rank order, as gather() with its chunks.
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+#endif
   c10::intrusive_ptr<c10d::Work> scatter(
       std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,
       const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
