@@ -177,9 +177,12 @@ class BuildExtension(cpp_extension.BuildExtension):
             '"""Written by setup.py when streamnccl._C was built."""\n\n'
             f"TORCH_VERSION = {torch.__version__!r}  # the torch it was built against\n"
         )
-        if self.inplace and all(ext.name != TESTING for ext in self.extensions):
-            for stale in package.glob("_testing.*"):  # linked against an earlier _C
-                stale.unlink()
+        if all(ext.name != TESTING for ext in self.extensions):
+            # One built earlier, linked against an earlier _C: neither kept beside the sources
+            # nor left in build/ for a wheel or an install to pick up.
+            for folder in {package, Path(self.build_lib) / "streamnccl"}:
+                for stale in folder.glob("_testing.*"):
+                    stale.unlink()
 
 
 check_torch()

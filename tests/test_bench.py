@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 from streamnccl import _testing
@@ -19,7 +20,6 @@ from streamnccl.bench.cli import UsageError, parse_args, parse_size, settle, swe
 from streamnccl.bench.collectives import COLLECTIVES
 from streamnccl.bench.sweep import Result, bandwidths, rounds
 
-ROOT = Path(__file__).resolve().parent.parent
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 
 # --- sizes -------------------------------------------------------------------------------
@@ -269,8 +269,9 @@ def run_bench(*args, nproc, timeout_s, cwd, module="streamnccl.bench"):
     if nproc:
         launcher += ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                      "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]  # fmt: skip
-    # This checkout's package first, installed or not.
-    path = os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))
+    # The streamnccl these tests import (this checkout's, built in place, or an installed one).
+    package_dir = str(Path(streamnccl.__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [package_dir, os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     command = [*launcher, "-m", module, *args]
     try:

@@ -53,13 +53,20 @@ void remove(const ProcessGroup* group) {
 
 std::vector<c10::intrusive_ptr<ProcessGroup>> alive() {
   Registry& r = registry();
-  std::vector<std::pair<int64_t, c10::intrusive_ptr<ProcessGroup>>> found;
+  std::vector<std::pair<int64_t, c10::weak_intrusive_ptr<ProcessGroup>>> entries;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const Entry& entry : r.entries) {
-      if (auto group = entry.group.lock()) {
-        found.emplace_back(entry.uid, std::move(group));
-      }
+      entries.emplace_back(entry.uid, entry.group);
+    }
+  }
+  // Promoted outside the lock: from torch 2.14 a Backend keeps its Python object, and taking a
+  // reference to a group may take the GIL, which a thread adding a group holds while it waits
+  // for this lock.
+  std::vector<std::pair<int64_t, c10::intrusive_ptr<ProcessGroup>>> found;
+  for (auto& [uid, weak] : entries) {
+    if (auto group = weak.lock()) {
+      found.emplace_back(uid, std::move(group));
     }
   }
   std::sort(found.begin(), found.end(),

@@ -139,6 +139,8 @@ def _split_source(maker: dict) -> ProcessGroup | None:
     source, group_name, backend = (maker.get(k) for k in ("split_from", "group_name", "backend"))
     if not isinstance(source, ProcessGroup):
         return None
+    if getattr(dist.distributed_c10d, "_use_torchcomms_enabled", lambda: False)():
+        return None  # torch 2.14+ with TorchComms: the ranks outside split nothing
     if not isinstance(group_name, str) or not group_name.isdigit() or backend is None:
         return None
     device = dist.distributed_c10d._get_default_group().bound_device_id

@@ -1,7 +1,7 @@
 """Run under torchrun with 3 ranks: torch's own new_group on a default group bound to a device,
 as after init_process_group(device_id=cuda:N), over every torch release streamnccl supports.
 The subgroup's making is torch's (_new_process_group_helper), whose choices streamnccl reads
-(python/streamnccl/__init__.py, _split_source): each rank prints, as JSON, which of its splits
+(python/streamnccl/__init__.py, _split_source): each rank writes, as JSON, which of its splits
 streamnccl made for each new group, for tests/test_groups.py to check.
 
 No GPU is needed: the default group is bound after init (no connection is made), and the
@@ -9,6 +9,7 @@ subgroups' eager connection of that device is skipped, so their CPU tensors take
 """
 
 import json
+from pathlib import Path
 
 import streamnccl
 import torch
@@ -38,9 +39,11 @@ streamnccl.ProcessGroup._split_without = spy_split_without
 
 made = {}
 for name, ranks, kwargs in [
+    # Members only: no split. First: torch before 2.15 names such a group by a hash of the
+    # number of groups each rank is in, which differ once a group left a rank out.
+    ("local_sync", [1, 2], {"use_local_synchronization": True}),
     ("last_two", [1, 2], {}),  # split from the default group, rank 0 taking part
     ("gloo", [0, 1], {"backend": "gloo"}),  # another backend's: no split
-    ("local_sync", [1, 2], {"use_local_synchronization": True}),  # members only: no split
 ]:
     splits.clear()
     group = dist.new_group(ranks, **kwargs)
@@ -50,5 +53,6 @@ for name, ranks, kwargs in [
         assert x.tolist() == [float(sum(ranks))] * 2, x
     made[name] = list(splits)
 
-print("splits:", json.dumps({"rank": rank, "made": made}), flush=True)
+# A file per rank, in the folder it runs in: the ranks' printed lines could interleave.
+Path(f"splits_rank_{rank}.json").write_text(json.dumps(made))
 dist.destroy_process_group()
