@@ -39,9 +39,10 @@ streamnccl.ProcessGroup._split_without = spy_split_without
 
 made = {}
 for name, ranks, kwargs in [
-    # Members only: no split. First: torch before 2.15 names such a group by a hash of the
-    # number of groups each rank is in, which differ once a group left a rank out.
-    ("local_sync", [1, 2], {"use_local_synchronization": True}),
+    # Named by a hash, never split. Of every rank, and first: torch counts such a group only
+    # on the ranks that make it (2.15), or hashes the number of groups each rank is in
+    # (2.11 to 2.14), so a group made on some ranks only puts their names out of step.
+    ("local_sync", [0, 1, 2], {"use_local_synchronization": True}),
     ("last_two", [1, 2], {}),  # split from the default group, rank 0 taking part
     ("gloo", [0, 1], {"backend": "gloo"}),  # another backend's: no split
 ]:
