@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 INFLIGHT_WRITES_FOUND = "was written while the op was in flight"
 
 
-def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=()):
-    """Runs `script` (a path, or the name of one in examples/) under torchrun; a hang fails the
-    test after `timeout_s`. `checks`: with the in-flight write detector on."""
+def torchrun_command(script, nproc, *args, checks=False, torchrun_args=()):
+    """The command and environment that run `script` (a path, or the name of one in examples/)
+    under torchrun. `checks`: with the in-flight write detector on."""
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", *torchrun_args,
@@ -26,12 +26,65 @@ def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=(
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if checks:
         env["STREAMNCCL_CHECK_INFLIGHT_WRITES"] = "1"
+    return command, env
+
+
+def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=()):
+    """Runs `script` under torchrun (see torchrun_command); a hang fails the test after
+    `timeout_s`."""
+    command, env = torchrun_command(
+        script, nproc, *args, checks=checks, torchrun_args=torchrun_args
+    )
     try:
         return subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd
         )
     except subprocess.TimeoutExpired as timeout:
         pytest.fail(f"{script} did not finish within {timeout_s} s:\n{timeout.stdout}")
+
+
+class AheadOfTheTests:
+    """The one-idea examples' torchrun jobs, each started as the test before it starts waiting:
+    a job spends most of its time in its three processes' imports of torch, and two jobs share
+    two cores better than one uses them (here, 3.3 s a job alone). Each test waits for its own
+    job, with its own timeout, and reads what it printed."""
+
+    def __init__(self, planned, folder):
+        self.planned, self.folder, self.jobs = list(planned), folder, {}
+
+    def _start(self, key):
+        name, checks = key
+        command, env = torchrun_command(f"{name}.py", 2, checks=checks)
+        cwd = self.folder / f"{name}-{checks}"
+        cwd.mkdir()
+        # To files, not pipes: a job nobody reads yet must not stall on a full pipe.
+        out, err = open(cwd / "stdout", "w"), open(cwd / "stderr", "w")
+        job = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd, text=True)
+        out.close()
+        err.close()
+        self.jobs[key] = (job, cwd)
+
+    def result(self, key, timeout_s):
+        if key not in self.jobs:
+            self._start(key)
+        upcoming = [k for k in self.planned if k not in self.jobs]
+        if upcoming:
+            self._start(upcoming[0])  # runs beside this one
+        job, cwd = self.jobs[key]
+        try:
+            job.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
+            pytest.fail(f"examples/{key[0]}.py did not finish within {timeout_s} s")
+        stdout, stderr = ((cwd / name).read_text() for name in ("stdout", "stderr"))
+        return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+
+    def close(self):
+        for job, _ in self.jobs.values():
+            if job.poll() is None:
+                job.kill()
+                job.wait()
 
 
 @pytest.mark.parametrize(
@@ -64,10 +117,20 @@ ONE_IDEA_EXAMPLES = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_idea_jobs(tmp_path_factory):
+    jobs = AheadOfTheTests(
+        [(name, checks) for checks in (False, True) for name in ONE_IDEA_EXAMPLES],
+        tmp_path_factory.mktemp("examples"),
+    )
+    yield jobs
+    jobs.close()
+
+
 @pytest.mark.parametrize("checks", [False, True], ids=["default", "inflight_checks"])
 @pytest.mark.parametrize("name", list(ONE_IDEA_EXAMPLES))
-def test_one_idea_example(name, checks, tmp_path):
-    done = torchrun(f"{name}.py", 2, timeout_s=120, cwd=tmp_path, checks=checks)
+def test_one_idea_example(name, checks, one_idea_jobs):
+    done = one_idea_jobs.result((name, checks), timeout_s=120)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert ONE_IDEA_EXAMPLES[name] in done.stdout, output

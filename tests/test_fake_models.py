@@ -6,20 +6,23 @@ work, and test_each_model_is_load_bearing runs those tests again with the model 
 import gc
 import os
 import re
-import subprocess
-import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
 
 import fakes
+import forkserver
 import pytest
+import pytest_child
 import torch
 from fakes import fake_group, fake_ranks, needs_nccl_path, opts, settle
 from streamnccl import _testing
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions
 
 pytestmark = needs_nccl_path
+# Its children run pytest on the fake: the fork server imports them once (see run_pytest).
+forkserver.preload("pytest", "streamnccl._testing")
 CPU = torch.device("cpu")
 
 # For each model, tests that fail without it.
@@ -172,13 +175,22 @@ def test_in_progress_a_group_end_can_be_still_enqueueing():
 
 
 def run_pytest(tests, **env):
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, **env),
-        cwd=fakes.TESTS_DIR,
-    )  # fmt: skip
-    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr
-    return child.returncode, summary
+    """pytest on `tests` in a fresh process (forked, with torch imported) whose environment
+    has `env` too; returns its exit code and its last line."""
+    with tempfile.TemporaryDirectory() as folder:
+        output = os.path.join(folder, "pytest.out")
+        args = ["-q", "-p", "no:cacheprovider", *tests]
+        child = forkserver.context().Process(
+            target=pytest_child.run, args=(args, dict(os.environ, **env), output, fakes.TESTS_DIR)
+        )
+        child.start()
+        child.join(300)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            pytest.fail(f"pytest {' '.join(tests)} did not end within 300 s")
+        lines = [line for line in open(output).read().splitlines() if line.strip()]
+    return child.exitcode, lines[-1] if lines else "(no output)"
 
 
 @pytest.mark.slow
