@@ -304,12 +304,14 @@ def _a_rank_that_has_the_device(ctx):
     group, store = _direct_group(ctx, "barrier_place")
     if ctx.rank == 1:  # answers as a rank that has a GPU would, and waits for no barrier
         store.set("streamnccl/barrier_place/cuda/1", "")
+        group.shutdown()
         return None
     options = dist.BarrierOptions()
     options.device_ids = [0]
     first = pytest.raises(ValueError, group.barrier, options)
     again = pytest.raises(ValueError, group.barrier, options)  # agreed once, refused each time
     assert str(again.value) == str(first.value)
+    group.shutdown()
     return str(first.value)
 
 
@@ -323,3 +325,21 @@ def test_ranks_that_disagree_on_having_the_device_are_refused_rather_than_left_w
     refusal, _ = rank_pools(2).run(_a_rank_that_has_the_device)
     assert "rank(s) 0 have no cuda:0 where the others have one" in refusal, refusal
     assert "a barrier runs on one kind of device on every rank" in refusal
+
+
+def _barrier_on_a_broken_group(ctx):
+    group, _ = _direct_group(ctx, "broken_barrier")
+    if ctx.rank == 0:
+        group.abort()
+        options = dist.BarrierOptions()
+        options.device_ids = [0]
+        started = time.monotonic()
+        with pytest.raises(dist.DistBackendError, match="aborted by the caller"):
+            group.barrier(options)
+        assert time.monotonic() - started < 5, "it waited for the other ranks first"
+    group.shutdown()
+
+
+def test_a_barrier_on_a_broken_group_is_refused_at_once(rank_pools):
+    # Before agreeing anything with the other ranks, whose keys would keep it waiting.
+    rank_pools(2).run(_barrier_on_a_broken_group)

@@ -46,14 +46,47 @@ def _gather_into_tensor(ctx, mode):
             assert torch.equal(got, torch.stack(expected))
 
 
-@pytest.mark.torch_internals
-@pytest.mark.skipif(
+needs_gather_into_tensor = pytest.mark.skipif(
     not hasattr(dist, "gather_into_tensor"), reason="torch before 2.14 has no gather_into_tensor"
 )
+
+
+@pytest.mark.torch_internals
+@needs_gather_into_tensor
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("mode", MODES)
 def test_gather_into_tensor_for_every_root(rank_pools, world_size, mode):
     rank_pools(world_size).run(_gather_into_tensor, mode)
+
+
+def _gather_into_tensor_flat_empty_and_refused(ctx):
+    n, me = ctx.world_size, ctx.rank
+    x = torch.arange(6, dtype=torch.float32).reshape(3, 2).t() + 10 * me  # not contiguous
+    flat = torch.empty(n * 6) if me == 0 else None
+    dist.gather_into_tensor(x, flat, dst=0)
+    if me == 0:
+        assert torch.equal(
+            flat.view(n, 2, 3), torch.stack([x - 10 * me + 10 * r for r in range(n)])
+        )
+    nothing = torch.empty(0, 4) if me == 0 else None
+    dist.gather_into_tensor(torch.empty(0), nothing, dst=0)
+    if me == 0:  # refused at the root, before anything runs; the group goes on
+        for bad, error, pattern in [
+            (torch.empty(n * 6 + 1), ValueError, "output` has .* elements"),
+            (torch.empty(n * 6, dtype=torch.float64), ValueError, "dtype"),  # torch's own
+            (torch.empty(6, n).t(), ValueError, "contiguous"),
+        ]:
+            with pytest.raises(error, match=pattern):
+                dist.gather_into_tensor(x, bad, dst=0)
+    total = torch.ones(2)
+    dist.all_reduce(total)
+    assert torch.equal(total, torch.full((2,), float(n)))
+
+
+@pytest.mark.torch_internals
+@needs_gather_into_tensor
+def test_gather_into_tensor_takes_a_flat_output_and_empty_inputs_and_refuses_bad_ones(rank_pools):
+    rank_pools(2).run(_gather_into_tensor_flat_empty_and_refused)
 
 
 def _all_gather_into_tensor(ctx, mode):

@@ -35,12 +35,16 @@ def torchrun(script, nproc, *args, timeout_s, cwd, checks=False, torchrun_args=(
     command, env = torchrun_command(
         script, nproc, *args, checks=checks, torchrun_args=torchrun_args
     )
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
     try:
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd
-        )
-    except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"{script} did not finish within {timeout_s} s:\n{timeout.stdout}")
+        stdout, stderr = job.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        end(job)
+        stdout, _ = job.communicate()
+        pytest.fail(f"{script} did not finish within {timeout_s} s:\n{stdout}")
+    return subprocess.CompletedProcess(command, job.returncode, stdout, stderr)
 
 
 class AheadOfTheTests:
@@ -74,17 +78,26 @@ class AheadOfTheTests:
         try:
             job.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            job.kill()
-            job.wait()
+            end(job)
             pytest.fail(f"examples/{key[0]}.py did not finish within {timeout_s} s")
         stdout, stderr = ((cwd / name).read_text() for name in ("stdout", "stderr"))
         return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
 
     def close(self):
         for job, _ in self.jobs.values():
-            if job.poll() is None:
-                job.kill()
-                job.wait()
+            end(job)
+
+
+def end(job):
+    """Ends a torchrun job and its workers: torchrun ends them on SIGTERM (they are in sessions
+    of their own, which a SIGKILL of torchrun would leave running)."""
+    if job.poll() is None:
+        job.terminate()
+        try:
+            job.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
 
 
 @pytest.mark.parametrize(
@@ -120,7 +133,8 @@ ONE_IDEA_EXAMPLES = {
 @pytest.fixture(scope="module")
 def one_idea_jobs(tmp_path_factory):
     jobs = AheadOfTheTests(
-        [(name, checks) for checks in (False, True) for name in ONE_IDEA_EXAMPLES],
+        # The tests' order: the stacked parametrize varies its top argument fastest.
+        [(name, checks) for name in ONE_IDEA_EXAMPLES for checks in (False, True)],
         tmp_path_factory.mktemp("examples"),
     )
     yield jobs

@@ -149,3 +149,22 @@ def test_a_barrier_every_rank_passed_leaves_no_keys_behind(rank_pools):
     # A group of the same name, made later over the same store, counts its barriers from 0
     # again: a key left behind would let its ranks pass without rank 0.
     assert rank_pools(3).run(_keys_left) == [[]] * 3
+
+
+def _rank_1_broken(ctx):
+    group = _fresh_group(ctx)
+    if ctx.rank == 1:
+        group._get_backend(torch.device("cpu")).abort()
+    started = time.monotonic()
+    with pytest.raises(dist.DistBackendError) as failure:
+        group.monitored_barrier(timedelta(seconds=30))
+    took = time.monotonic() - started
+    dist.destroy_process_group(group)
+    return str(failure.value), took
+
+
+def test_rank_0_names_a_rank_whose_group_broke_at_once(rank_pools):
+    (zero, took_zero), (one, _) = rank_pools(2).run(_rank_1_broken)
+    assert "aborted by the caller" in one, one
+    assert "Rank 1 failed to pass monitoredBarrier: " in zero and "aborted by the caller" in zero
+    assert took_zero < 20, "rank 0 waited out the timeout for a rank that had said it could not"

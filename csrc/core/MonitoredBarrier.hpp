@@ -17,8 +17,9 @@ namespace streamnccl {
 // Rank 0 waits for every other rank to arrive within `timeout` and then lets them go; one that
 // has not arrived fails rank 0's call naming it ("Rank 2 failed to pass monitoredBarrier in
 // 2000 ms"), or, with `waitAllRanks`, every such rank ("Ranks 1, 2 failed ..."), and fails the
-// others' calls at once, saying so. The other ranks arrive and wait to be let go, as long as
-// rank 0 may take to decide and as long again. Every rank of the group calls it in the same
+// others' calls at once, saying so; a rank whose group broke is named at once, with its reason.
+// The other ranks arrive and wait to be let go, as long as rank 0 may take to decide and as
+// long again. Every rank of the group calls it in the same
 // order; `store` is this barrier's own (a prefix no other barrier uses). `stop` throws where
 // this rank must not wait on (its group broke): it is asked before and while waiting, so that
 // no rank waits out the timeout on a group that cannot meet. Messages are gloo's, which tools

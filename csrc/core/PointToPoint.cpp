@@ -167,62 +167,71 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
   constexpr const char* op = "gather";
   const at::Tensor& input = checks::singleTensor(op, "tensor", inputTensors);
   checks::rootInRange(op, "dst", opts.rootRank, getSize());
-  const int root = static_cast<int>(opts.rootRank);
-  const int rank = getRank();
-  const int size = getSize();
   std::vector<at::Tensor> outputs;
-  if (rank == root) {
-    outputs = checks::rankList(op, "gather_list", outputTensors, input, size);
+  if (getRank() == opts.rootRank) {
+    outputs = checks::rankList(op, "gather_list", outputTensors, input, getSize());
   } else {
     STREAMNCCL_CHECK_ARG(
         outputTensors.empty() || (outputTensors.size() == 1 && outputTensors[0].empty()), op,
-        "`gather_list` must be empty on a rank other than dst (", root, "), got ",
+        "`gather_list` must be empty on a rank other than dst (", opts.rootRank, "), got ",
         outputTensors.empty() ? 0 : outputTensors[0].size(), " tensors");
   }
+  return gatherToRoot(op, input, inputTensors, outputs, outputs, opts);
+}
+
+#if STREAMNCCL_TORCH_AT_LEAST(2, 14)
+c10::intrusive_ptr<c10d::Work> ProcessGroup::gather_single(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::GatherOptions& opts) {
+  constexpr const char* op = "gather_single";
+  checks::dense(op, "input", input);
+  checks::rootInRange(op, "dst", opts.rootRank, getSize());
+  std::vector<at::Tensor> ranksParts;
+  std::vector<at::Tensor> whole;
+  if (getRank() == opts.rootRank) {
+    checks::sameDeviceAndDtype(op, "output", input, output);
+    checks::wholeIsSizeParts(op, "output", output, "input", input, getSize());
+    STREAMNCCL_CHECK_ARG(output.is_contiguous(), op, "`output` must be contiguous");
+    for (const at::Tensor& part : output.view({getSize(), input.numel()}).unbind(0)) {
+      ranksParts.push_back(part.view(input.sizes()));
+    }
+    whole.push_back(output);
+  }
+  std::vector<at::Tensor> inputs{input};
+  return gatherToRoot(op, input, inputs, std::move(ranksParts), std::move(whole), opts);
+}
+#endif
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::gatherToRoot(const char* op, const at::Tensor& input,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          std::vector<at::Tensor> ranksParts,
+                                                          std::vector<at::Tensor> outputs,
+                                                          const c10d::GatherOptions& opts) {
+  const int root = static_cast<int>(opts.rootRank);
+  const int rank = getRank();
+  const int size = getSize();
   Path& path = pathFor(input.device(), op);
   return submit(
-      {op, c10d::OpType::GATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
+      {op, c10d::OpType::GATHER, input, inputs, std::move(outputs), opts.asyncOp, opts.timeout},
+      path,
       Steps::over<lowering::Many>(
-          [input, outputs, root, rank, size](lowering::Many& scratch, Communicator& comm,
-                                             Kernels& kernels, c10::Stream stream) {
-            exchangeWithRoot(comm, kernels, stream, scratch, outputs, input, root, rank, size,
+          [input, ranksParts, root, rank, size](lowering::Many& scratch, Communicator& comm,
+                                                Kernels& kernels, c10::Stream stream) {
+            exchangeWithRoot(comm, kernels, stream, scratch, ranksParts, input, root, rank, size,
                              /*rootReceives=*/true);
           },
-          [input, outputs, root, rank, size](lowering::Many& scratch, Kernels& kernels) {
+          [input, ranksParts, root, rank, size](lowering::Many& scratch, Kernels& kernels) {
             if (rank != root) {
               return;
             }
             for (const auto r : c10::irange(size)) {
               if (r == root) {
-                kernels.copy(outputs[r], input.view(outputs[r].sizes()));
+                kernels.copy(ranksParts[r], input.view(ranksParts[r].sizes()));
               } else {
-                lowering::copyBack(kernels, outputs[r], scratch[r]);
+                lowering::copyBack(kernels, ranksParts[r], scratch[r]);
               }
             }
           }));
 }
-
-#if STREAMNCCL_TORCH_AT_LEAST(2, 14)
-c10::intrusive_ptr<c10d::Work> ProcessGroup::gather_into_tensor(at::Tensor& output,
-                                                                at::Tensor& input,
-                                                                const c10d::GatherOptions& opts) {
-  constexpr const char* op = "gather_into_tensor";
-  checks::dense(op, "input", input);
-  checks::rootInRange(op, "dst", opts.rootRank, getSize());
-  std::vector<std::vector<at::Tensor>> outputs;
-  if (opts.rootRank == getRank()) {
-    checks::sameDeviceAndDtype(op, "output", input, output);
-    checks::wholeIsSizeParts(op, "output", output, "input", input, getSize());
-    STREAMNCCL_CHECK_ARG(output.is_contiguous(), op, "`output` must be contiguous");
-    outputs.emplace_back();
-    for (const at::Tensor& chunk : output.view({getSize(), input.numel()}).unbind(0)) {
-      outputs.back().push_back(chunk.view(input.sizes()));
-    }
-  }
-  std::vector<at::Tensor> inputs{input};
-  return gather(outputs, inputs, opts);
-}
-#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
     std::vector<at::Tensor>& outputTensors, std::vector<std::vector<at::Tensor>>& inputTensors,

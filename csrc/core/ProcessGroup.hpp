@@ -197,9 +197,10 @@ class ProcessGroup final : public c10d::Backend {
       std::vector<std::vector<at::Tensor>>& outputTensors, std::vector<at::Tensor>& inputTensors,
       const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
 #if STREAMNCCL_TORCH_AT_LEAST(2, 14)
-  // torch 2.14+'s gather into one tensor (dist.gather_into_tensor; 2.15: dist.gather_single):
-  // the root's `output` holds the ranks' inputs in rank order, as gather() with its chunks.
-  c10::intrusive_ptr<c10d::Work> gather_into_tensor(
+  // torch 2.14+'s gather into one tensor (dist.gather_into_tensor; 2.15: dist.gather_single;
+  // c10d's gather_into_tensor forwards here): the root's `output` holds the ranks' inputs in
+  // rank order.
+  c10::intrusive_ptr<c10d::Work> gather_single(
       at::Tensor& output, at::Tensor& input,
       const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
 #endif
@@ -346,6 +347,13 @@ class ProcessGroup final : public c10d::Backend {
   // Options::debugChecks: raises (and breaks the group) unless every rank issues this same
   // collective, with the same shape where the op needs one.
   void checkSameOpOnEveryRank(const OpInfo& info, const Launch& launch);
+  // gather() and gather_single(): `input` of every rank into `ranksParts` (rank order) on the
+  // root; the Work reports `outputs`.
+  c10::intrusive_ptr<c10d::Work> gatherToRoot(const char* op, const at::Tensor& input,
+                                              std::vector<at::Tensor>& inputs,
+                                              std::vector<at::Tensor> ranksParts,
+                                              std::vector<at::Tensor> outputs,
+                                              const c10d::GatherOptions& opts);
   // Test-only (Options::testFault): makes this op fail or start late on the chosen rank.
   void injectTestFault(const OpInfo& info, Steps& steps) const;
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
@@ -357,13 +365,15 @@ class ProcessGroup final : public c10d::Backend {
   c10::Device barrierDevice(const c10d::BarrierOptions& opts);
   // Where barriers naming a device of `named`'s type run, agreed once per group and type
   // through the Store at the first such barrier (every rank calls barrier() in the same
-  // order): on the device where every rank has one, on the host where none has (said once
-  // in the log), and nowhere where only some have (`refusal` names them, on every rank).
+  // order), within `timeout`: on the device where every rank has one, on the host where none
+  // has (said once in the log), and nowhere where only some have (refused, naming them, on
+  // every rank) or the agreement failed (a rank did not come, or a group broke).
   struct BarrierPlace {
-    bool onHost = false;
-    std::string refusal;
+    enum class Kind { kDevice, kHost, kRefused, kFailed };
+    Kind kind = Kind::kDevice;
+    std::string why;  // kRefused's and kFailed's
   };
-  const BarrierPlace& barrierPlaceFor(const c10::Device& named);
+  const BarrierPlace& barrierPlaceFor(const c10::Device& named, std::chrono::milliseconds timeout);
   // The next split of this group, as its factories see it (PathFactory::SplitOf), meeting as
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
