@@ -108,11 +108,11 @@ def test_torchs_monitored_barrier_reaches_streamnccl_where_torch_allows_it(rank_
     assert rank_pools(2).run(_torchs_own_call) == [True, True]
 
 
-def _rank_0_broken(ctx):
+def _one_rank_broken(ctx, broken):
     group = _fresh_group(ctx)
-    backend = group._get_backend(torch.device("cpu"))
-    if ctx.rank == 0:
-        backend.abort()  # this rank's group is broken: it must not wait, and must say so
+    if ctx.rank == broken:
+        # This rank's group is broken: it must not wait, and must say so.
+        group._get_backend(torch.device("cpu")).abort()
     started = time.monotonic()
     with pytest.raises(dist.DistBackendError) as failure:
         group.monitored_barrier(timedelta(seconds=30))
@@ -122,7 +122,7 @@ def _rank_0_broken(ctx):
 
 
 def test_a_broken_rank_0_fails_every_rank_at_once(rank_pools):
-    (zero, _), (one, took_one) = rank_pools(2).run(_rank_0_broken)
+    (zero, _), (one, took_one) = rank_pools(2).run(_one_rank_broken, broken=0)
     assert "aborted by the caller" in zero, zero
     assert "received errors while waiting for send/recv from rank 0: " in one, one
     assert "aborted by the caller" in one, one  # rank 0's reason
@@ -151,20 +151,8 @@ def test_a_barrier_every_rank_passed_leaves_no_keys_behind(rank_pools):
     assert rank_pools(3).run(_keys_left) == [[]] * 3
 
 
-def _rank_1_broken(ctx):
-    group = _fresh_group(ctx)
-    if ctx.rank == 1:
-        group._get_backend(torch.device("cpu")).abort()
-    started = time.monotonic()
-    with pytest.raises(dist.DistBackendError) as failure:
-        group.monitored_barrier(timedelta(seconds=30))
-    took = time.monotonic() - started
-    dist.destroy_process_group(group)
-    return str(failure.value), took
-
-
 def test_rank_0_names_a_rank_whose_group_broke_at_once(rank_pools):
-    (zero, took_zero), (one, _) = rank_pools(2).run(_rank_1_broken)
+    (zero, took_zero), (one, _) = rank_pools(2).run(_one_rank_broken, broken=1)
     assert "aborted by the caller" in one, one
     assert "Rank 1 failed to pass monitoredBarrier: " in zero and "aborted by the caller" in zero
     assert took_zero < 20, "rank 0 waited out the timeout for a rank that had said it could not"
