@@ -180,6 +180,20 @@ def test_wait_makes_the_current_stream_wait():
         gpu.use_stream(previous)
 
 
+def test_block_current_stream_makes_the_current_stream_wait():
+    # c10d's default would launch a kernel released by the op's future, which streamnccl
+    # completes at issue: the stream would wait for nothing.
+    pg, gpu = fake_group()
+    work = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+    previous = gpu.use_stream(7)
+    try:
+        gpu.clear()
+        work.block_current_stream()
+        assert gpu.calls() == ["cudaStreamWaitEvent(S7, E2)"]
+    finally:
+        gpu.use_stream(previous)
+
+
 # --- M7: NCCL reads and writes the caller's tensors
 
 

@@ -239,3 +239,29 @@ def _a_blocking_wait_lets_other_python_threads_run(ctx):
 @pytest.mark.parametrize("world_size", [2])
 def test_a_blocking_wait_lets_other_python_threads_run(rank_pools, world_size):
     rank_pools(world_size).run(_a_blocking_wait_lets_other_python_threads_run, timeout=30)
+
+
+def _a_waited_op_leaves_torchs_registry_of_ops_in_flight(ctx):
+    # Under this context c10d registers every op's Work with its output, for torch.compile to
+    # wait on; a wait() or synchronize() of the Work takes it out again, as ProcessGroupNCCL's.
+    from torch.distributed._functional_collectives import (
+        allow_inflight_collective_as_graph_input_ctx,
+    )
+
+    registry_size = torch._C._distributed_c10d._get_work_registry_size
+    x = torch.full((4,), float(ctx.rank + 1))
+    with allow_inflight_collective_as_graph_input_ctx():
+        before = registry_size()
+        waited = dist.all_reduce(x, async_op=True)
+        synchronized = dist.all_reduce(x, async_op=True)
+        assert registry_size() == before + 2
+        waited.wait()
+        synchronized.synchronize()
+        assert registry_size() == before
+    total = float(sum(range(1, ctx.world_size + 1)))
+    assert torch.equal(x, torch.full((4,), total * ctx.world_size))
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_waited_op_leaves_torchs_registry_of_ops_in_flight(rank_pools, world_size):
+    rank_pools(world_size).run(_a_waited_op_leaves_torchs_registry_of_ops_in_flight)

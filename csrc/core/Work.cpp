@@ -4,6 +4,8 @@
 #include "core/InflightWrites.hpp"
 #include "core/Watchdog.hpp"
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
 namespace streamnccl {
 
 const c10::TypePtr& tensorListType() {
@@ -213,6 +215,10 @@ void Work::synchronize() {
     releaseTensors();
   } else if (holding_.load(std::memory_order_acquire) && pollEnd() == EndState::Passed) {
     releaseTensors();
+  }
+  if (c10d::allow_inflight_collective_as_graph_input()) {
+    // Registered by c10d's op under that context; the waiter is done with it.
+    c10d::unregister_work(c10::intrusive_ptr<Work>::unsafe_reclaim_from_nonowning(this));
   }
 }
 

@@ -72,8 +72,13 @@ class Work : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override;
-  // Makes the caller's current stream wait for the op (the host goes on).
+  // Makes the caller's current stream wait for the op (the host goes on), and takes the op out
+  // of torch's registry of ops in flight (allow_inflight_collective_as_graph_input), as
+  // ProcessGroupNCCL's Work does.
   void synchronize() override;
+  // The same as synchronize(), as ProcessGroupNCCL's Work does: c10d's default would launch a
+  // kernel released by the future's completion, and this future completes at issue.
+  void blockCurrentStream() override { synchronize(); }
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   // Whether wait(timeout) returns at once: a sync op's plain wait(), which reports what is known
   // of the op and touches neither its device nor a lock held while the GIL is needed. Python's
