@@ -384,6 +384,22 @@ def test_an_nccl_call_in_progress_is_waited_for_before_its_end_event():
     assert settle(gpu) == []
 
 
+def test_the_watchdog_never_polls_a_communicator_while_a_call_on_it_is_in_progress():
+    # NCCL's ncclCommGetAsyncError completes and frees a call's group job without a lock: the
+    # thread that made the call polls it to the end, and the watchdog's poll, every period,
+    # must not land in between. Each call here is still being enqueued for 60 of its caller's
+    # polls (about 0.1 s, longer than a watchdog period).
+    pg, gpu = fake_group()
+    pg.eager_connect_single_device(torch.device("cpu"))
+    x = torch.ones(4)
+    for _ in range(3):
+        gpu.in_progress_next("ncclAllReduce", 60)
+        pg.allreduce([x], opts(AllreduceOptions)).wait()
+    assert gpu.synchronize()
+    assert x.tolist() == [27.0] * 4  # three all_reduces over three mirrored ranks
+    assert settle(gpu) == []
+
+
 # --- D1: CUDA graph capture
 
 

@@ -4,12 +4,14 @@ not (a broken group's communicators were aborted); the new group reduces among t
 """
 
 import gc
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 import streamnccl
 import torch
-from fakes import connect, fake_ranks, needs_nccl_path, opts, run_ranks, shut_down
+from fakes import connect, fake_group, fake_ranks, needs_nccl_path, opts, run_ranks, shut_down
 from streamnccl import _testing
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions
 
@@ -121,6 +123,75 @@ def test_shrink_abort_ends_the_old_groups_ops_in_flight():
         # NCCL's abort of the old ops comes first, the old group's ncclCommAbort only after.
         assert calls.index(shrink) < calls.index("ncclCommAbort(C0)"), calls
     _end(groups, results)
+
+
+def _ended(pg, op="all_reduce"):
+    stats = pg._stats().get(op, {})
+    return stats.get("count", 0) > 0 and stats.get("in_flight", 1) == 0
+
+
+def test_shrink_abort_fails_the_old_ops_before_their_kernels_stop():
+    # ncclCommShrink with NCCL_SHRINK_ABORT stops the old ops' kernels at once, and a survivor
+    # then waits inside it for the others: an op whose kernel quit passes its end event like one
+    # that ran. Here the shrink is held in progress until the old op has ended on the group's
+    # books: it must have ended failed, not completed over unreduced data.
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=30)))
+
+    def shrink_held_until_the_old_op_ended(rank, pg, gpu):
+        stuck = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))  # rank 2 never joins
+        gpu.hold_shrinks(True)
+
+        def release():
+            deadline = time.monotonic() + 20
+            while not _ended(pg) and time.monotonic() < deadline:
+                time.sleep(0.005)  # polling a condition: the watchdog's period decides when
+            gpu.hold_shrinks(False)
+
+        releaser = threading.Thread(target=release)
+        releaser.start()
+        try:
+            small, gathered, calls = _shrink_and_gather(rank, pg, gpu, SHRINK_ABORT)
+        finally:
+            gpu.hold_shrinks(False)
+            releaser.join()
+        with pytest.raises(torch.distributed.DistBackendError, match="SHRINK_ABORT"):
+            stuck.wait()
+        assert pg._stats()["all_reduce"]["failures"] == 1
+        return small, gathered, calls
+
+    results = _survivors(groups, shrink_held_until_the_old_op_ended)
+    assert [gathered for _, gathered, _ in results] == [[10, 11], [10, 11]]
+    _end(groups, results)
+
+
+class _GoneStore(torch.distributed.Store):
+    """A Store whose host died with the rank that ran it: every request fails."""
+
+    def __init__(self):
+        super().__init__()  # without it, torch's Store sees none of the methods below
+
+    def set(self, key, value):
+        raise RuntimeError("the Store's host is gone")
+
+    def get(self, key):
+        raise RuntimeError("the Store's host is gone")
+
+    def add(self, key, value):
+        raise RuntimeError("the Store's host is gone")
+
+    def check(self, keys):
+        raise RuntimeError("the Store's host is gone")
+
+
+def test_a_shrink_with_no_communicator_open_needs_no_store():
+    # Nothing to agree on: the survivors' new group connects afresh at its first op.
+    store = _GoneStore()  # kept: torch's Store holds the Python object's methods, not it
+    pg, gpu = fake_group(rank=0, size=3, store=store)
+    small = pg.shrink([2])
+    assert (small.rank(), small.size()) == (0, 2)
+    assert [c for c in gpu.calls() if "ncclComm" in c] == []
+    small.abort()
+    pg.abort()
 
 
 def test_an_nccl_without_comm_shrink_is_refused_at_the_call():

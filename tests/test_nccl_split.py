@@ -6,6 +6,7 @@ NCCL_SPLIT_NOCOLOR); otherwise the subgroup connects afresh at its first op, as 
 
 import gc
 import threading
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -243,6 +244,81 @@ def test_a_member_whose_split_fails_ends_the_others_at_once():
         # agreeing on what to split called nothing.
         if any(c.startswith("ncclCommSplit") for c in other):
             assert "ncclCommAbort(C0)" in other, other
+    for pg, gpu in groups:
+        pg.abort()
+        assert gpu.violations() == []
+
+
+def test_a_failed_split_fails_the_parents_ops_in_flight():
+    # Ranks 1 and 2 issue an all_reduce rank 0 never joins; every rank's ncclCommSplit is held in
+    # progress, and once all three are in it rank 0's parent is aborted, which fails its split.
+    # Only the parent's abort ends the others' part in it, and that stops their all_reduce's
+    # kernel, whose end event then passes as if it had run: their group must break first,
+    # failing the op, rather than let it complete over unreduced data.
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=60)))
+    stores = _subgroup_stores([[0, 1]])
+    for _, gpu in groups:
+        gpu.clear()
+        gpu.hold_shrinks(True)
+
+    def all_in_their_split():
+        return all(any(c.startswith("ncclCommSplit") for c in gpu.calls()) for _, gpu in groups)
+
+    def abort_rank_zero_once_all_split():
+        deadline = time.monotonic() + 20
+        while not all_in_their_split() and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling a condition
+        groups[0][0].abort()
+
+    def one_fails(rank, pg, gpu):
+        stuck = None if rank == 0 else pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+        expected = "aborted" if rank == 0 else "another member gave up"
+        with pytest.raises(dist.DistBackendError, match=expected):
+            pg._split(stores[(0, 1)], [0, 1])
+        if stuck is not None:
+            with pytest.raises(dist.DistBackendError, match="ncclCommSplit"):
+                stuck.wait()
+            assert pg._stats()["all_reduce"]["failures"] == 1
+        return gpu.calls()
+
+    controller = threading.Thread(target=abort_rank_zero_once_all_split)
+    controller.start()
+    try:
+        run_ranks(groups, one_fails, timeout_s=30)
+    finally:
+        controller.join()
+    for pg, gpu in groups:
+        gpu.hold_shrinks(False)
+        pg.abort()
+        assert gpu.violations() == []
+
+
+def test_a_communicator_that_failed_to_be_made_is_freed_only_after_its_parents_abort():
+    # NCCL links a parent to the abort flag of the communicator it is making, and unlinks it
+    # only once that is made well: freeing a failed one first leaves the parent's abort to
+    # write through freed memory (the fake's violation). Rank 1's new communicator fails.
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=60)))
+    stores = _subgroup_stores([[0, 1]])
+
+    def rank_one_fails_to_make_it(rank, pg, gpu):
+        gpu.clear()
+        if rank == 1:
+            gpu.fail_next("making a communicator")
+            with pytest.raises(dist.DistBackendError, match="ncclCommSplit"):
+                pg._split(stores[(0, 1)], [0, 1])
+            gc.collect()  # what was made is let go of
+            with pytest.raises(dist.DistBackendError, match="failed"):
+                _all_reduce(pg, gpu, 1)  # the parent's group broke
+            return None
+        try:
+            return pg._split(stores[(0, 1)], [0, 1])
+        except dist.DistBackendError:
+            return None  # rank 0 may have learnt of rank 1's failure first
+
+    children = run_ranks(groups, rank_one_fails_to_make_it, timeout_s=30)
+    for child in children:
+        if child is not None:
+            child.abort()
     for pg, gpu in groups:
         pg.abort()
         assert gpu.violations() == []

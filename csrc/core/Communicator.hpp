@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <string>
 
 namespace streamnccl {
@@ -100,9 +101,14 @@ class Communicator {
   virtual void stopConnecting() {}
 
   // Stops the communicator for good after a fault, so that calls blocked in it (and its
-  // peers') fail instead of waiting forever. Called from the watchdog thread; no call may be
-  // made afterwards.
+  // peers') fail instead of waiting forever. Called only by its group's break (Watchdog.hpp),
+  // once the ops in flight have failed; no call may be made afterwards.
   virtual void abort() = 0;
+  // How a communicator that meets a fault outside any op (a split or shrink of it that failed,
+  // which only stopping its kernels ends) asks its group to break: the group fails its ops in
+  // flight and then aborts its communicators. Set by the group's watchdog (Watchdog::watch).
+  using BreakRequest = std::function<void(const std::string& why)>;
+  virtual void setBreakRequest(BreakRequest /*request*/) {}
   // Ends the communicator in order at the group's end, once its ops have completed: NCCL
   // finalizes it (flushing what it still has in flight, every member doing the same) and then
   // destroys it. In two steps, so that a rank starts finalizing all of its communicators before

@@ -4,6 +4,7 @@
 #include "core/Errors.hpp"
 #include "core/ProcessGroup.hpp"
 
+#include <c10/util/ScopeExit.h>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -57,6 +58,20 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
   auto options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
   options->timeout = opts ? opts->timeout : options_->timeout;
 
+  if (abortInFlight) {
+    // NCCL's shrink stops the old communicators' kernels; the ops in flight fail first
+    // (Watchdog.hpp's rule), and the communicators are aborted once the shrink is done with
+    // them.
+    watchdog_->breakGroup(groupInfo(),
+                          makeDistBackendError(who() + " shrunk with SHRINK_ABORT: its ops in "
+                                                       "flight were aborted"),
+                          {}, Watchdog::Kernels::StoppedByCaller);
+  }
+  auto abortAfterShrink = c10::make_scope_exit([&] {
+    if (abortInFlight) {
+      watchdog_->abortCommunicators();  // also when the shrink failed
+    }
+  });
   std::vector<std::pair<c10::Device, Path*>> opened = paths_.made();
   PathFactories factories;
   std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
@@ -84,13 +99,6 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
     group->adoptPath(device, std::move(path), "shrink");
   }
   shrunk_.store(true);
-  if (abortInFlight) {
-    // Only now that the new group's communicators exist (NCCL's shrink needs the old ones):
-    // whatever the old group still had in flight was ended; its Works say so.
-    watchdog_->breakGroup(groupInfo(), makeDistBackendError(who() + " shrunk with SHRINK_ABORT: "
-                                                                    "its ops in flight were "
-                                                                    "aborted"));
-  }
   return group;
 }
 

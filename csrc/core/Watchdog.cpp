@@ -116,6 +116,12 @@ bool Watchdog::waitThenCheck() {
 }
 
 void Watchdog::watch(std::shared_ptr<Communicator> communicator) {
+  communicator->setBreakRequest([weak = weak_from_this()](const std::string& why) {
+    if (auto self = weak.lock()) {
+      const OpInfo group = self->describeGroup();
+      self->breakGroup(group, makeDistBackendError(group.who() + " " + why));
+    }
+  });
   {
     std::lock_guard<std::mutex> lock(mutex_);
     communicators_.push_back(communicator);
@@ -293,7 +299,7 @@ void Watchdog::check() {
 }
 
 void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
-                          const std::function<void()>& failCause) {
+                          const std::function<void()>& failCause, Kernels kernels) {
   bool broke = false;
   try {
     broke = health_->breakWith(group, error);  // returns once the evidence is written
@@ -321,7 +327,9 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     return;
   }
   failUntilTheirEnd(failing, reason);
-  abortCommunicators();
+  if (kernels == Kernels::Abort) {
+    abortCommunicators();
+  }
 }
 
 void Watchdog::failUntilTheirEnd(Works& works, const std::string& reason) {

@@ -14,11 +14,21 @@
 // the future's callbacks, which may call back into the group).
 //
 // Breaking the group, from whichever fault (a timeout, a failed op, a failed connection, a
-// debug-check mismatch, a device error, wait(timeout), abort()), is one procedure, run once:
+// debug-check mismatch, a device error, wait(timeout), abort(), a failed split or shrink of
+// one of its communicators, a shrink with NCCL_SHRINK_ABORT), is one procedure, run once:
 // the group is marked broken with the cause (later calls raise it at once) and its flight
 // recorder dumped; every op in flight fails; every communicator is aborted, so that peers and
 // queued kernels stop instead of waiting forever; the failed ops' tensors go only once their
 // end has passed, since the kernels after the communicator's (copy-backs, divisions) still run.
+//
+// The rule this keeps: a communicator's kernels are stopped only by its group's break, which
+// fails every op in flight first. An op whose kernel quit passes its end event like one that
+// ran: were the kernels stopped first, the watchdog could retire the op as completed. So
+// nothing else aborts a communicator that ops have used: a failed split or shrink asks the
+// group to break (Communicator::setBreakRequest), and a shrink with NCCL_SHRINK_ABORT, whose
+// NCCL call stops the kernels itself, breaks the group first and aborts the communicators
+// only after (Kernels::StoppedByCaller). The communicator's own aborts are of one no op has
+// used: still connecting, or closed at the group's end once its ops have ended.
 //
 // At the group's end (finish() and close()) the ops in flight are waited for, up to the
 // group's timeout, and the communicators then closed in order; only a broken group, or ops
@@ -62,7 +72,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   GroupHealth& health() { return *health_; }
 
   // A communicator of the group: polled for asynchronous errors, aborted when the group
-  // breaks, at once if it is broken already.
+  // breaks, at once if it is broken already; a fault it meets outside an op breaks the group.
   void watch(std::shared_ptr<Communicator> communicator);
   // Keeps `work` (and its tensors) until its end event has passed or the group has broken.
   void track(c10::intrusive_ptr<Work> work);
@@ -82,8 +92,12 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // group's evidence (the flight recorder's dump) is written, so that whoever learns of a
   // failure finds it there, and before the other ops in flight fail with the group's error,
   // so that those ops keep their own.
+  // `kernels`: Abort, the break aborts every communicator; StoppedByCaller, the caller stops
+  // their kernels itself and then calls abortCommunicators() (a shrink with NCCL_SHRINK_ABORT,
+  // which needs the communicators it stops).
+  enum class Kernels { Abort, StoppedByCaller };
   void breakGroup(const OpInfo& group, std::exception_ptr error,
-                  const std::function<void()>& failCause = {});
+                  const std::function<void()>& failCause = {}, Kernels kernels = Kernels::Abort);
   // A caller met a device error, `cause`, looking at `work`: the group breaks with it, and the
   // op fails once the dump is written (as settle() does for those the thread meets).
   void failOnDeviceError(Work& work, std::exception_ptr cause);

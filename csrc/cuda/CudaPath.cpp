@@ -280,6 +280,11 @@ PathFactory::Subgroup CudaPathFactory::shrink(
   const int newSize = static_cast<int>(survivors.size());
   Subgroup shrunk{split(store, survivors, options), {}};
   const OpenedByKey byKey = byKeyOf(opened);
+  // Every survivor opened the same paths, at the same ops: none here is none anywhere, and
+  // there is nothing to agree on (the Store may be gone with the rank that hosted it).
+  if (byKey.empty()) {
+    return shrunk;
+  }
   const std::set<std::string> toShrink =
       liveOnEveryRank(*store, newRank, newSize, liveOf(byKey), options->timeout, "shrink");
   if (toShrink.empty()) {

@@ -105,6 +105,9 @@ class NcclCommunicator final : public Communicator {
   void waitReady() override { connection_->waitConnected(); }
   void stopConnecting() override { connection_->abandon(); }
   void abort() override { connection_->abort(); }
+  void setBreakRequest(BreakRequest request) override {
+    connection_->setBreakRequest(std::move(request));
+  }
   void beginClose() override { connection_->beginClose(); }
   std::string endClose(std::chrono::steady_clock::time_point deadline) override {
     return connection_->endClose(deadline);

@@ -193,6 +193,13 @@ void NcclConnection::connect() {
       }
     } catch (...) {
       endUse();
+      if (childOf_) {
+        // NCCL unlinks the parent from a new communicator's abort flag only once it is made
+        // well: this failed one is freed (at this connection's end) only after the parent's
+        // group has broken and aborted the parent.
+        childOf_->parent->breakParent(std::string(call) + " made a communicator that failed: " +
+                                      describeException(std::current_exception()));
+      }
       throw;
     }
     endUse();
@@ -270,16 +277,15 @@ ncclConfig_t NcclConnection::ncclConfig() const {
 ncclResult_t NcclConnection::makeFromParent(ncclComm_t* comm,
                                             std::chrono::steady_clock::time_point deadline) {
   NcclConnection& parent = *childOf_->parent;
-  parent.acquire(makingCall());  // NCCL builds the new one from the parent's state
+  // NCCL builds the new one from the parent's state. Held, the parent is polled by no other
+  // thread (asyncError() waits for a moment with no use), and its state is the shrink's own to
+  // poll until it is done (shrinking_): NCCL's poll of it ends the thread making the new one.
+  parent.acquire(makingCall());
   ncclComm_t parentComm = nullptr;
   {
-    std::unique_lock<std::mutex> lock(parent.mutex_);
+    std::lock_guard<std::mutex> lock(parent.mutex_);
     parentComm = parent.comm_;
     ++parent.shrinking_;
-    // A poll of the parent's state already under way (the watchdog's) ends first: NCCL's poll
-    // of a communicator whose group job is done joins and frees that job, which the shrink's
-    // own polls do from now on. A poll returns at once.
-    parent.changed_.wait(lock, [&] { return parent.statePolls_ == 0; });
   }
   auto endShrinking = [&parent] {
     {
@@ -293,19 +299,30 @@ ncclResult_t NcclConnection::makeFromParent(ncclComm_t* comm,
   // only once NCCL's thread has ended.
   auto* into = new ncclComm_t(nullptr);
   ncclResult_t result = ncclInternalError;
+  bool started = false;  // NCCL's thread making the new one was started
   try {
     result = callParent(parentComm, into);
+    started = result == ncclInProgress || __atomic_load_n(into, __ATOMIC_ACQUIRE) != nullptr;
     if (result == ncclSuccess || result == ncclInProgress) {
       // Done when the parent's state leaves ncclInProgress: NCCL's thread has then written
       // the new communicator (failed or not) to `into`.
       result = pollUntilSettled(parentComm, makingCall(), deadline,
                                 /*ofParentMakingChild=*/true);
     }
+    if (result != ncclSuccess && started) {
+      // NCCL unlinks the parent from the new one's abort flag only when the new one is made
+      // well: a failed one is freed only after the parent's abort (endChildInProgress).
+      throwNcclError(nccl(), result, makingCall(), who(), nullptr, __FILE__, __LINE__);
+    }
   } catch (...) {
     // Still making it (so the watchdog leaves the parent's state alone) until the parent is
     // aborted; the abort waits for this use to end.
     parent.endUse();
-    endChildInProgress(into);
+    if (started) {
+      endChildInProgress(into, describeException(std::current_exception()));
+    } else {
+      delete into;
+    }
     endShrinking();
     throw;
   }
@@ -328,12 +345,12 @@ ncclResult_t NcclConnection::callParent(ncclComm_t parentComm, ncclComm_t* into)
                            childOf_->abortInFlight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
 }
 
-void NcclConnection::endChildInProgress(ncclComm_t* into) {
+void NcclConnection::endChildInProgress(ncclComm_t* into, const std::string& why) {
   NcclConnection& parent = *childOf_->parent;
-  LOG(WARNING) << who() << " aborting the communicator it was making a new one from ("
-               << parent.who() << "], " << makingCall()
-               << "): only that ends NCCL's making of the new one";
-  parent.abort();  // ncclCommAbort joins the thread making the new one
+  LOG(WARNING) << who() << " " << makingCall() << " of " << parent.who()
+               << "] failed: breaking the parent's group, whose communicators' abort alone "
+                  "ends NCCL's making of the new one";
+  parent.breakParent(std::string(makingCall()) + " of this communicator failed: " + why);
   if (!parent.waitAbortReturned()) {
     LOG(WARNING) << who() << " left to NCCL: its " << makingCall()
                  << " may still write the new communicator";
@@ -347,6 +364,26 @@ void NcclConnection::endChildInProgress(ncclComm_t* into) {
       LOG(WARNING) << who() << " ncclCommAbort failed: " << nccl().getErrorString(result);
     }
   }
+}
+
+void NcclConnection::setBreakRequest(std::function<void(const std::string&)> request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  breakRequest_ = std::move(request);
+}
+
+void NcclConnection::breakParent(const std::string& why) {
+  std::function<void(const std::string&)> request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    request = breakRequest_;
+  }
+  if (request) {
+    request(who() + " " + why);  // fails the group's ops in flight, then aborts this
+  }
+  // Already broken, the group may have left its communicators to a shrink with
+  // NCCL_SHRINK_ABORT (ProcessGroup::shrink); no group at all watches one never used by an op.
+  // Either way no op of it is left to fail: aborting it now is the break's last step.
+  abort();
 }
 
 std::string NcclConnection::childGivenUp() const {
@@ -462,7 +499,7 @@ NcclConnection::Use NcclConnection::use(const char* call) {
 }
 
 void NcclConnection::noteUsable() {
-  usable_.store(state_ == State::Connected && !aborted_ && !closed_);
+  usable_.store(state_ == State::Connected && !aborted_ && !closed_ && statePolls_ == 0);
 }
 
 bool NcclConnection::noUseInProgress() const { return uses_ == 0 && fastUses_.load() == 0; }
@@ -483,7 +520,8 @@ void NcclConnection::acquire(const char* call) {
 }
 
 void NcclConnection::acquire(const char* call, std::unique_lock<std::mutex>& lock) {
-  changed_.wait(lock, [&] { return state_ != State::Connecting || aborted_; });
+  // A poll of its state under way (asyncError()) is never long: a use waits for it.
+  changed_.wait(lock, [&] { return (state_ != State::Connecting && statePolls_ == 0) || aborted_; });
   if (aborted_) {
     raise(std::string(call) + ": the communicator was aborted");
   }
@@ -734,8 +772,20 @@ std::string NcclConnection::asyncError() {
     if (state_ != State::Connected || aborted_ || closed_ || shrinking_ > 0) {
       return {};
     }
-    ++uses_;
+    // A call in progress is polled by its own thread (Use::check), and NCCL's poll completes
+    // and frees the call's group job without a lock: this poll waits for a moment with no
+    // use. New uses wait for it (usable_ is cleared while it runs); one already counted, as
+    // seen after that, means this period's poll is skipped (the caller's own poll, or the
+    // next period's, reports the error).
     ++statePolls_;
+    noteUsable();
+    if (!noUseInProgress()) {
+      --statePolls_;
+      noteUsable();
+      changed_.notify_all();
+      return {};
+    }
+    ++uses_;
     comm = comm_;
   }
   ncclResult_t state = ncclSuccess;
@@ -743,7 +793,9 @@ std::string NcclConnection::asyncError() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     --statePolls_;
+    noteUsable();
   }
+  changed_.notify_all();
   std::string error;
   if (result != ncclSuccess) {
     error = who() + " ncclCommGetAsyncError failed: " + nccl().getErrorString(result);

@@ -125,7 +125,11 @@ class NcclConnection {
   void checkHeld(const char* call, ncclResult_t result);
 
   // Aborts the communicator (or the connecting) for good; returns without waiting for peers.
+  // Only its group's break calls it (Watchdog.hpp's rule), or the connection itself for a
+  // communicator no op has used (still connecting, or being closed after its ops ended).
   void abort();
+  // How this connection asks its group to break (Communicator::setBreakRequest).
+  void setBreakRequest(std::function<void(const std::string&)> request);
   // Closing in two steps (see Communicator::beginClose): beginClose() waits for a call in
   // progress and starts finalizing; endClose() waits until that is done (by `deadline`) and
   // destroys the communicator. It is aborted instead when that does not finish in time, or
@@ -164,8 +168,13 @@ class NcclConnection {
   ncclResult_t makeFromParent(ncclComm_t* comm, std::chrono::steady_clock::time_point deadline);
   // The parent's NCCL call that makes it: ncclCommShrink or ncclCommSplit.
   ncclResult_t callParent(ncclComm_t parentComm, ncclComm_t* into);
-  // Ends a shrink or split still in progress by aborting the parent, and frees what NCCL made.
-  void endChildInProgress(ncclComm_t* into);
+  // Ends a shrink or split that failed or is still in progress: the parent's group breaks
+  // (its ops in flight fail, then its communicators are aborted, which ends NCCL's making of
+  // this one and clears the parent's link to this one's abort flag), and only then is what
+  // NCCL made freed. `why` says what failed, for the parent's group.
+  void endChildInProgress(ncclComm_t* into, const std::string& why);
+  // The parent's group breaks with `why`, or the parent is aborted where no group watches it.
+  void breakParent(const std::string& why);
   // The reason another member gave up this shrink or split; empty when none has.
   std::string childGivenUp() const;
   // What connect() names its NCCL call in messages.
@@ -220,7 +229,9 @@ class NcclConnection {
   // (NCCL's poll of it ends the thread making the child, which two threads must not do at
   // once).
   int shrinking_ = 0;
-  // asyncError()'s polls of its state under way, which a shrink waits out before it starts.
+  // asyncError()'s poll of its state under way: made only with no use in progress, and no
+  // use starts until it is done (usable_ is cleared, acquire() waits), since NCCL's poll
+  // completes and frees a call's group job without a lock.
   int statePolls_ = 0;
   // Where abort()'s ncclCommAbort is: still Running (from the moment aborted_ is set), or
   // Returned, or LeftRunning on a thread of its own (work on it was captured).
@@ -228,6 +239,7 @@ class NcclConnection {
   AbortProgress abortProgress_ = AbortProgress::Running;
   void noteAbort(AbortProgress progress);
   std::vector<std::function<void()>> whenSettled_;
+  std::function<void(const std::string&)> breakRequest_;  // empty until a group watches it
   std::thread connector_;
 };
 

@@ -158,6 +158,10 @@ class FakeGpu {
   void destroyGraph(int graph);
   // While held, nothing runs on this GPU: the work issued since looks stuck.
   void hold(bool held);
+  // While held, a shrink or split of a communicator of this GPU stays in progress (NCCL's
+  // thread making the new one has not finished), however long the caller polls.
+  void holdShrinks(bool held) { shrinksHeld_.store(held); }
+  bool shrinksHeld() const { return shrinksHeld_.load(); }
   // Waits until this GPU's streams have run everything (false if they are stuck: `timeout`).
   bool synchronize(std::chrono::milliseconds timeout);
   // A user's own kernels on the calling thread's current stream: a read of `tensor`, and a
@@ -266,6 +270,7 @@ class FakeGpu {
   std::map<StreamId, std::string> enqueueInProgress_;
   std::set<StreamId> destroyed_;
   bool held_ = false;
+  std::atomic<bool> shrinksHeld_{false};
   std::map<std::string, std::string> cudaFaults_;  // call -> error, once
   std::string stickyFault_;
   std::vector<std::string> ran_;

@@ -262,6 +262,10 @@ int RecordingNccl::takeInProgress(const char* function) {
   return gpu_->models().inProgress ? polls : 0;
 }
 
+bool RecordingNccl::returnsInProgress(const Comm& comm, int polls) const {
+  return polls > 0 || (!comm.blocking && gpu_->models().inProgress);
+}
+
 ncclResult_t RecordingNccl::outcome(const char* function) {
   if (!gpu_->log().takeFailure(function)) {
     return ncclSuccess;
@@ -402,6 +406,7 @@ ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanks
     *newcomm = nullptr;
     parent->shrinking = Comm::Shrinking{newcomm, number, fake::number(handleValue), key, rank,
                                         nranks,  shares, childShrinksShare};
+    parent->childAbortFlag = number;
     return ncclInProgress;
   }
   *newcomm = handle<ncclComm_t>(number);
@@ -468,6 +473,9 @@ ncclResult_t RecordingNccl::commSplit(ncclComm_t handleValue, int color, int key
   world_->joinSplit(parent->key, nth, parent->rank, parent->nranks, color, key);
   making.splitNth = nth;
   parent->shrinking = making;
+  if (!noColor) {
+    parent->childAbortFlag = making.number;
+  }
   if (blocksWith(config)) {
     // NCCL's thread runs it to the end before the call returns.
     const auto deadline = std::chrono::steady_clock::now() + kBlockingInitWait;
@@ -533,9 +541,11 @@ void RecordingNccl::finishShrink(Comm& parent, ncclResult_t failure) {
   if (shrinking.sharesAbortFlag) {
     child.abortFlagOf = shrinking.parent;
   }
-  if (failure != ncclSuccess) {
-    gpu_->log().add("making " + child.name + " from " + parent.name +
-                    " ended by the parent's abort: " + child.name + " failed");
+  if (failure == ncclSuccess) {
+    parent.childAbortFlag = -1;  // made well: NCCL unlinks the parent from its abort flag
+  } else {
+    gpu_->log().add("making " + child.name + " from " + parent.name + " failed" +
+                    (parent.aborted ? " (ended by the parent's abort)" : ""));
   }
   // NCCL's thread writes it with a release store when it is done.
   __atomic_store_n(shrinking.into, handle<ncclComm_t>(shrinking.number), __ATOMIC_RELEASE);
@@ -638,6 +648,14 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
     return outcome("ncclCommAbort");
   }
   Comm& comm = found->second;
+  if (const auto linked = comms_.find(comm.childAbortFlag);
+      linked != comms_.end() && (linked->second.aborted || linked->second.destroyed) &&
+      gpu_->models().shrink) {
+    gpu_->log().violation(call + " writes the abort flag of " + linked->second.name +
+                          ", which failed to be made from it and was freed before this abort "
+                          "(a use after free: abort the parent before freeing a failed child)");
+  }
+  comm.childAbortFlag = -1;
   // First the abort flag: this member's kernels of the communicator quit, even those a
   // graph replays.
   comm.aborted = true;  // may be still initializing or busy: abort ends that
@@ -700,16 +718,27 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
   if (comm.asyncFailure != ncclSuccess) {
     std::lock_guard<std::mutex> errorLock(errorMutex_);
     lastError_ =
-        comm.name + " was aborted (its shrink's parent was, or one sharing its abort flag)";
+        comm.name + " failed (its making failed or its parent's abort ended it, or one sharing "
+                    "its abort flag was aborted)";
     *asyncError = comm.asyncFailure;
     return ncclSuccess;
   }
   if (comm.initPending && world_->complete(comm.key)) {
     comm.initPending = false;
   }
-  if (comm.shrinking && placeSplit(comm) && comm.shrinking &&
+  if (comm.shrinking && !gpu_->shrinksHeld() && placeSplit(comm) && comm.shrinking &&
       world_->complete(comm.shrinking->key)) {
-    finishShrink(comm, ncclSuccess);
+    // fail_next("making a communicator"): NCCL's thread fails to make this one.
+    finishShrink(comm, gpu_->log().takeFailure("making a communicator") ? ncclSystemError
+                                                                        : ncclSuccess);
+  }
+  if (!comm.pending.empty() && comm.pending.front().caller != std::this_thread::get_id() &&
+      gpu_->models().inProgress) {
+    gpu_->log().violation("ncclCommGetAsyncError(" + comm.name +
+                          ") on a second thread while a call made on another thread is still "
+                          "being enqueued: NCCL completes and frees that call's group job here "
+                          "without a lock, so two pollers may complete it twice or after it is "
+                          "freed");
   }
   if (!comm.pending.empty()) {
     if (comm.busyPolls > 0) {
@@ -780,8 +809,10 @@ ncclResult_t RecordingNccl::issue(const char* function, const std::string& line,
     return ncclSuccess;
   }
   auto launch = launchOf(*comm, {op});
-  if (const int polls = takeInProgress(function); polls > 0) {
-    gpu_->log().add(std::string(function) + " -> ncclInProgress");
+  if (const int polls = takeInProgress(function); returnsInProgress(*comm, polls)) {
+    if (polls > 0) {  // asked for by the test: logged, for it to see
+      gpu_->log().add(std::string(function) + " -> ncclInProgress");
+    }
     comm->busyPolls = polls;
     comm->pending.push_back(Pending{stream, std::move(launch), std::move(buffers)});
     gpu_->markEnqueueInProgress(stream, function);
@@ -929,7 +960,7 @@ ncclResult_t RecordingNccl::groupEnd() {
   for (const auto& key : order) {
     auto& [ops, buffers] = kernels[key];
     const ncclResult_t ended = std::get<0>(key)->endGroup(
-        std::get<1>(key), std::get<2>(key), std::move(ops), std::move(buffers), polls > 0, polls);
+        std::get<1>(key), std::get<2>(key), std::move(ops), std::move(buffers), polls);
     if (ended != ncclSuccess) {
       result = ended;
     }
@@ -939,14 +970,16 @@ ncclResult_t RecordingNccl::groupEnd() {
 }
 
 ncclResult_t RecordingNccl::endGroup(int64_t commNumber, StreamId stream, std::vector<NcclOp> ops,
-                                     std::vector<Buffer> buffers, bool inProgress, int polls) {
+                                     std::vector<Buffer> buffers, int polls) {
   std::lock_guard<std::mutex> lock(mutex_);
   Comm& comm = comms_.at(commNumber);
   auto launch = launchOf(comm, std::move(ops));
-  if (inProgress) {
+  if (returnsInProgress(comm, polls)) {
     // A non-blocking communicator still enqueueing the group: its kernels are on the stream
     // only once ncclCommGetAsyncError says so.
-    gpu_->log().add("ncclGroupEnd() -> ncclInProgress on " + comm.name);
+    if (polls > 0) {
+      gpu_->log().add("ncclGroupEnd() -> ncclInProgress on " + comm.name);
+    }
     comm.busyPolls = polls;
     comm.pending.push_back(Pending{stream, std::move(launch), std::move(buffers)});
     gpu_->markEnqueueInProgress(stream, "ncclGroupEnd");

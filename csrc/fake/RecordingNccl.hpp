@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace streamnccl::fake {
@@ -105,6 +106,9 @@ class RecordingNccl final : public NcclApi {
     StreamId stream = 0;
     std::shared_ptr<NcclLaunch> launch;
     std::vector<Buffer> buffers;
+    // The thread that made the call: NCCL completes and frees a call's group job in
+    // ncclCommGetAsyncError without a lock, so only one thread may poll it.
+    std::thread::id caller = std::this_thread::get_id();
   };
   struct Comm {
     std::string name;  // C0, C1, ...
@@ -141,6 +145,10 @@ class RecordingNccl final : public NcclApi {
     };
     std::optional<Shrinking> shrinking;
     int64_t abortFlagOf = -1;                 // the communicator whose abort flag it shares
+    // The communicator a shrink or split of this one is making, or made and failed: NCCL links
+    // this one to its abort flag while making it, and unlinks it only once it is made well, so
+    // this one's abort writes that flag (-1: none).
+    int64_t childAbortFlag = -1;
     ncclResult_t asyncFailure = ncclSuccess;  // made by a shrink its parent's abort ended,
                                               // or stopped through a shared abort flag
     bool finalizing = false;
@@ -158,6 +166,10 @@ class RecordingNccl final : public NcclApi {
   // How many polls an injected ncclInProgress of `function` lasts (0: none asked, or the
   // model is off).
   int takeInProgress(const char* function);
+  // Whether a call on `comm` is still being enqueued when it returns (ncclInProgress): on a
+  // non-blocking communicator NCCL 2.28 turns every call into a group job, which
+  // ncclCommGetAsyncError completes (the in_progress model).
+  bool returnsInProgress(const Comm& comm, int polls) const;
   // The communicator for a call, or null after logging why the call must fail.
   Comm* usable(ncclComm_t comm, const std::string& call);
   bool ready(Comm& comm);
@@ -176,9 +188,10 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t issue(const char* function, const std::string& line, ncclComm_t comm,
                      cudaStream_t stream, std::vector<Buffer> buffers, NcclOp op);
   std::shared_ptr<NcclLaunch> launchOf(const Comm& comm, std::vector<NcclOp> ops) const;
-  // At the outermost ncclGroupEnd: this communicator's grouped calls on `stream` as one kernel.
+  // At the outermost ncclGroupEnd: this communicator's grouped calls on `stream` as one kernel
+  // (still being enqueued for `polls` polls where the test asked for that).
   ncclResult_t endGroup(int64_t comm, StreamId stream, std::vector<NcclOp> ops,
-                        std::vector<Buffer> buffers, bool inProgress, int polls);
+                        std::vector<Buffer> buffers, int polls);
 
   const std::shared_ptr<FakeGpu> gpu_;
   const std::shared_ptr<FakeNcclWorld> world_;

@@ -129,6 +129,8 @@ void bindRecording(py::module_& m) {
            py::arg("sticky") = false)
       .def("hold_events", &FakeGpu::hold, py::arg("held"),
            "While held, nothing runs on this GPU: what was issued since looks stuck.")
+      .def("hold_shrinks", &FakeGpu::holdShrinks, py::arg("held"),
+           "While held, a shrink or split in progress here does not finish.")
       .def("synchronize", &FakeGpu::synchronize, py::arg("timeout") = Millis(10000),
            py::call_guard<py::gil_scoped_release>(),
            "Waits until the GPU has run everything; False if it is stuck.")
