@@ -183,6 +183,29 @@ class _GoneStore(torch.distributed.Store):
         raise RuntimeError("the Store's host is gone")
 
 
+def test_shrink_abort_with_survivors_arriving_apart():
+    # The race of a real job: rank 0 shrinks at once (its old op's kernel stops there) and then
+    # waits inside ncclCommShrink; rank 1 comes only once rank 0's old op has ended on rank 0's
+    # books. That op must have ended failed.
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=30)))
+
+    def arriving_apart(rank, pg, gpu):
+        stuck = pg.allreduce([torch.ones(4)], opts(AllreduceOptions))  # rank 2 never joins
+        if rank == 1:
+            deadline = time.monotonic() + 20
+            while not _ended(groups[0][0]) and time.monotonic() < deadline:
+                time.sleep(0.005)  # polling a condition: rank 0's watchdog decides when
+        small, gathered, calls = _shrink_and_gather(rank, pg, gpu, SHRINK_ABORT)
+        with pytest.raises(torch.distributed.DistBackendError, match="SHRINK_ABORT"):
+            stuck.wait()
+        return small, gathered, calls
+
+    results = _survivors(groups, arriving_apart)
+    assert [gathered for _, gathered, _ in results] == [[10, 11], [10, 11]]
+    assert groups[0][0]._stats()["all_reduce"]["failures"] == 1
+    _end(groups, results)
+
+
 def test_a_shrink_with_no_communicator_open_needs_no_store():
     # Nothing to agree on: the survivors' new group connects afresh at its first op.
     store = _GoneStore()  # kept: torch's Store holds the Python object's methods, not it
