@@ -249,12 +249,12 @@ def test_a_member_whose_split_fails_ends_the_others_at_once():
         assert gpu.violations() == []
 
 
-def test_a_failed_split_fails_the_parents_ops_in_flight():
-    # Ranks 1 and 2 issue an all_reduce rank 0 never joins; every rank's ncclCommSplit is held in
-    # progress, and once all three are in it rank 0's parent is aborted, which fails its split.
-    # Only the parent's abort ends the others' part in it, and that stops their all_reduce's
-    # kernel, whose end event then passes as if it had run: their group must break first,
-    # failing the op, rather than let it complete over unreduced data.
+def test_a_failed_split_breaks_the_parents_group():
+    # Every rank's ncclCommSplit is held in progress; once all three are in it, rank 0's parent
+    # is aborted, which fails its split. Only the parent's abort ends the others' part in it,
+    # and an abort stops the parent's kernels, whose ops would then pass their end events as if
+    # they had run: so the parent's group breaks (failing its ops in flight first), and every
+    # later op on it says why, rather than the communicator being aborted behind its back.
     groups = connect(fake_ranks(3, timeout=timedelta(seconds=60)))
     stores = _subgroup_stores([[0, 1]])
     for _, gpu in groups:
@@ -271,14 +271,12 @@ def test_a_failed_split_fails_the_parents_ops_in_flight():
         groups[0][0].abort()
 
     def one_fails(rank, pg, gpu):
-        stuck = None if rank == 0 else pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
         expected = "aborted" if rank == 0 else "another member gave up"
         with pytest.raises(dist.DistBackendError, match=expected):
             pg._split(stores[(0, 1)], [0, 1])
-        if stuck is not None:
-            with pytest.raises(dist.DistBackendError, match="ncclCommSplit"):
-                stuck.wait()
-            assert pg._stats()["all_reduce"]["failures"] == 1
+        if rank > 0:
+            with pytest.raises(dist.DistBackendError, match="unusable since.*ncclCommSplit of this communicator failed"):
+                pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
         return gpu.calls()
 
     controller = threading.Thread(target=abort_rank_zero_once_all_split)
@@ -289,6 +287,29 @@ def test_a_failed_split_fails_the_parents_ops_in_flight():
         controller.join()
     for pg, gpu in groups:
         gpu.hold_shrinks(False)
+        pg.abort()
+        assert gpu.violations() == []
+
+
+def test_a_split_waits_for_the_parents_ops_in_flight_and_fails_when_they_never_end():
+    # NCCL's split needs the parent's operations finished. Ranks 1 and 2 issue an all_reduce
+    # rank 0 never joins, then split: they wait for it up to the timeout, then fail saying
+    # why, and rank 0, waiting in the split's agreement, learns of it at once.
+    groups = connect(fake_ranks(3, timeout=timedelta(seconds=2)))
+    stores = _subgroup_stores([[0, 1]])
+
+    def stuck_then_split(rank, pg, gpu):
+        gpu.clear()
+        if rank > 0:
+            pg.allreduce([torch.ones(4)], opts(AllreduceOptions))
+        expected = "another member gave up" if rank == 0 else "ops in flight did not end"
+        with pytest.raises(dist.DistBackendError, match=expected):
+            pg._split(stores[(0, 1)], [0, 1])
+        return gpu.calls()
+
+    for calls in run_ranks(groups, stuck_then_split, timeout_s=30):
+        assert not [c for c in calls if c.startswith("ncclCommSplit")], calls
+    for pg, gpu in groups:
         pg.abort()
         assert gpu.violations() == []
 

@@ -101,8 +101,9 @@ class Communicator {
   virtual void stopConnecting() {}
 
   // Stops the communicator for good after a fault, so that calls blocked in it (and its
-  // peers') fail instead of waiting forever. Called only by its group's break (Watchdog.hpp),
-  // once the ops in flight have failed; no call may be made afterwards.
+  // peers') fail instead of waiting forever. Called by its group's break (Watchdog.hpp) once
+  // the ops in flight have failed, or on one no op is using (still connecting, or closing once
+  // its ops ended); no call may be made afterwards.
   virtual void abort() = 0;
   // How a communicator that meets a fault outside any op (a split or shrink of it that failed,
   // which only stopping its kernels ends) asks its group to break: the group fails its ops in

@@ -34,6 +34,15 @@ std::vector<int> checkedExclusion(const std::vector<int64_t>& ranksToExclude, in
 
 }  // namespace
 
+std::string ProcessGroup::awaitOpsInFlight(const char* what, std::chrono::milliseconds timeout) {
+  if (watchdog_->finish(std::chrono::steady_clock::now() + timeout) || health_->broken()) {
+    return {};
+  }
+  return who() + " " + what + ": the group's ops in flight did not end within " +
+         std::to_string(timeout.count()) + " ms, and NCCL must not " + what +
+         " a communicator with operations outstanding: " + c10::Join("; ", watchdog_->unfinished());
+}
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
     const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
@@ -72,7 +81,22 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
       watchdog_->abortCommunicators();  // also when the shrink failed
     }
   });
+  if (!abortInFlight) {
+    if (const std::string why = awaitOpsInFlight("shrink", options->timeout); !why.empty()) {
+      throwDistBackendError(why);
+    }
+  }
   std::vector<std::pair<c10::Device, Path*>> opened = paths_.made();
+  if (abortInFlight) {
+    // The others (peer-to-peer lanes) now, their ops failed: NCCL's shrink waits for the
+    // streams its communicator's kernels were issued on, where a lane's stuck kernel may be
+    // queued ahead of them.
+    std::vector<const Communicator*> shrunkByNccl;
+    for (const auto& entry : opened) {
+      shrunkByNccl.push_back(entry.second->communicator.get());
+    }
+    watchdog_->abortCommunicatorsBut(shrunkByNccl);
+  }
   PathFactories factories;
   std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
   for (const auto& [type, factory] : factories_) {

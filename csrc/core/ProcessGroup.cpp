@@ -319,6 +319,10 @@ PathFactory::SplitOf ProcessGroup::splitOf(const std::string& agreement,
   of.size = getSize();
   of.opened = paths_.made();
   of.timeout = timeout;
+  if (const std::string why = awaitOpsInFlight("split", timeout); !why.empty()) {
+    failSplit(of.store, why);  // the others end at once too
+    throwDistBackendError(why);
+  }
   return of;
 }
 

@@ -378,6 +378,11 @@ class ProcessGroup final : public c10d::Backend {
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
   PathFactory::SplitOf splitOf(const std::string& agreement, std::chrono::milliseconds timeout);
+  // NCCL's split, and its shrink without NCCL_SHRINK_ABORT, need the parent's operations
+  // finished ("no outstanding NCCL operations on the comm", else a deadlock may follow): waits
+  // up to `timeout` until the ops in flight have ended (or the group broke, whose communicators
+  // NCCL then does not split). Returns why not, for `what`'s error; empty once they have.
+  std::string awaitOpsInFlight(const char* what, std::chrono::milliseconds timeout);
   // Where the ranks of this group meet for the split `name` (null without a Store).
   c10::intrusive_ptr<c10d::Store> splitStore(const std::string& name) const;
   // `of` with only the opened paths of devices of `type`.

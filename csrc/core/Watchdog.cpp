@@ -315,6 +315,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     std::lock_guard<std::mutex> lock(mutex_);
     failing.swap(inFlight_);
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
+    breaker_ = std::this_thread::get_id();
   }
   if (failCause) {
     try {
@@ -324,11 +325,30 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     }
   }
   if (!broke) {
+    // Its caller may stop kernels next (a failed split's abort of the parent, a shrink with
+    // NCCL_SHRINK_ABORT): not before the break that won has failed the ops in flight.
+    awaitOpsFailed(group);
     return;
   }
   failUntilTheirEnd(failing, reason);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    opsFailed_ = true;
+  }
+  opsFailedChanged_.notify_all();
   if (kernels == Kernels::Abort) {
     abortCommunicators();
+  }
+}
+
+void Watchdog::awaitOpsFailed(const OpInfo& group) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (breaker_ == std::this_thread::get_id()) {
+    return;  // from the break's own callbacks: it goes on once they return
+  }
+  if (!opsFailedChanged_.wait_for(lock, kBreakWait, [&] { return opsFailed_; })) {
+    LOG(ERROR) << group.who() << " the group's break did not fail its ops in flight within "
+               << kBreakWait.count() << " s (a future's callback that does not return?)";
   }
 }
 
@@ -395,6 +415,19 @@ void Watchdog::abortCommunicators() {
       }
     }
   });
+}
+
+void Watchdog::abortCommunicatorsBut(const std::vector<const Communicator*>& kept) {
+  for (const auto& communicator : liveCommunicators()) {
+    if (std::find(kept.begin(), kept.end(), communicator.get()) != kept.end()) {
+      continue;
+    }
+    try {
+      communicator->abort();
+    } catch (const std::exception& e) {  // the others must still be aborted
+      LOG(ERROR) << describeGroup().who() << " aborting a communicator failed: " << e.what();
+    }
+  }
 }
 
 bool Watchdog::finish(Clock::time_point deadline) {

@@ -108,6 +108,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // The ops still in flight, described, for the message of a teardown that gives up.
   std::vector<std::string> unfinished();
   void abortCommunicators();
+  // Once the group is broken: aborts every communicator but `kept` (those a shrink with
+  // NCCL_SHRINK_ABORT hands to NCCL, which stops their kernels itself).
+  void abortCommunicatorsBut(const std::vector<const Communicator*>& kept);
   // Closes every communicator in order (Communicator::beginClose, then endClose), by
   // `deadline`; returns what had to be aborted or left instead, one line each.
   std::vector<std::string> closeCommunicators(Clock::time_point deadline);
@@ -162,6 +165,14 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   bool aborted_ = false;
   std::once_flag abortOnce_;
   std::string brokenReason_;  // set once the group is broken
+  // The break that won: its thread, and whether it has failed the ops in flight (a later
+  // break waits for that before its caller may stop kernels).
+  std::thread::id breaker_;
+  bool opsFailed_ = false;
+  std::condition_variable opsFailedChanged_;
+  static constexpr std::chrono::seconds kBreakWait{60};
+  // A break that lost: waits (with a bound) until the winner has failed the ops in flight.
+  void awaitOpsFailed(const OpInfo& group);
 
   // A device error reading a duration, not yet reported (retire() runs with and without
   // mutex_ held, so it has a lock of its own).

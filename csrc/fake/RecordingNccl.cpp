@@ -1,6 +1,7 @@
 #include "fake/RecordingNccl.hpp"
 
 #include "fake/FakeCollectives.hpp"
+#include "fake/FakeNcclConfig.hpp"
 #include "fake/RecordingCuda.hpp"
 
 #include <ATen/ATen.h>
@@ -27,13 +28,11 @@ struct GroupedCall {
 thread_local int groupDepth = 0;
 thread_local std::vector<GroupedCall> grouped;
 
-constexpr auto kBlockingInitWait = std::chrono::seconds(60);
 // How long ncclCommDestroy of a communicator with kernels queued waits for them, before the
 // fake says it would wait forever.
 constexpr auto kDestroyWait = std::chrono::seconds(5);
 
 std::string streamName(cudaStream_t stream) { return "S" + std::to_string(number(stream)); }
-std::string commName(ncclComm_t comm) { return "C" + std::to_string(number(comm)); }
 
 std::string typeName(ncclDataType_t type) {
   switch (type) {
@@ -66,106 +65,6 @@ std::string typeName(ncclDataType_t type) {
     default:
       return "ncclDataType(" + std::to_string(static_cast<int>(type)) + ")";
   }
-}
-
-// An NCCL_* variable as NCCL reads it, or NCCL_CONFIG_UNDEF_INT where unset or no number.
-int ncclEnvInt(const char* name) {
-  const char* raw = std::getenv(name);
-  if (raw == nullptr || *raw == '\0') {
-    return NCCL_CONFIG_UNDEF_INT;
-  }
-  char* end = nullptr;
-  const long value = std::strtol(raw, &end, 0);
-  return end == raw ? NCCL_CONFIG_UNDEF_INT : static_cast<int>(value);
-}
-
-// Whether a communicator made with `config` blocks: NCCL_COMM_BLOCKING (0 or 1) overrides the
-// config, whose unset field means blocking (NCCL's envConfigOverride, then its default).
-bool blocksWith(const ncclConfig_t* config) {
-  if (const int env = ncclEnvInt("NCCL_COMM_BLOCKING"); env == 0 || env == 1) {
-    return env == 1;
-  }
-  return config == nullptr || config->blocking != 0;
-}
-
-// Whether splits of a communicator made with `config` share its resources, its abort flag
-// among them: NCCL_COMM_SPLIT_SHARE_RESOURCES overrides the config's splitShare (default: no).
-// As for shrinks, NCCL reads it from the parent's config.
-bool splitsShareWith(const ncclConfig_t* config) {
-  if (const int env = ncclEnvInt("NCCL_COMM_SPLIT_SHARE_RESOURCES"); env != NCCL_CONFIG_UNDEF_INT) {
-    return env != 0;
-  }
-  return config != nullptr && config->splitShare != NCCL_CONFIG_UNDEF_INT &&
-         config->splitShare != 0;
-}
-
-// Whether shrinks of a communicator made with `config` share its resources, its abort flag
-// among them: NCCL_COMM_SHRINK_SHARE_RESOURCES overrides the config's shrinkShare (default:
-// no). NCCL reads it from the parent's config; the shrink's own config says nothing of it.
-bool shrinksShareWith(const ncclConfig_t* config) {
-  if (const int env = ncclEnvInt("NCCL_COMM_SHRINK_SHARE_RESOURCES");
-      env != NCCL_CONFIG_UNDEF_INT) {
-    return env != 0;
-  }
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  return config != nullptr && config->shrinkShare != NCCL_CONFIG_UNDEF_INT &&
-         config->shrinkShare != 0;
-#else
-  return false;
-#endif
-}
-
-// The fields of `config` its caller set, as the log shows them ("" when none): what NCCL reads.
-std::string configText(const ncclConfig_t* config) {
-  if (config == nullptr) {
-    return "";
-  }
-  std::vector<std::string> set;
-  const auto number = [&](const char* name, int value) {
-    if (value != NCCL_CONFIG_UNDEF_INT) {
-      set.push_back(std::string(name) + "=" + std::to_string(value));
-    }
-  };
-  number("cgaClusterSize", config->cgaClusterSize);
-  number("minCTAs", config->minCTAs);
-  number("maxCTAs", config->maxCTAs);
-  if (config->netName != NCCL_CONFIG_UNDEF_PTR) {
-    set.push_back(std::string("netName=") + config->netName);
-  }
-  number("splitShare", config->splitShare);
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  if (config->commName != NCCL_CONFIG_UNDEF_PTR) {
-    set.push_back(std::string("commName=") + config->commName);
-  }
-#endif
-  return set.empty() ? "" : ", config{" + c10::Join(", ", set) + "}";
-}
-
-// Why NCCL refuses `config` with ncclInvalidArgument (its parseCommConfig), or "".
-std::string configRefusal(const ncclConfig_t* config) {
-  if (config == nullptr) {
-    return "";
-  }
-  if (config->magic != 0xcafebeef) {
-    return "ncclConfig_t not made with NCCL_CONFIG_INITIALIZER";
-  }
-  const auto set = [](int value) { return value != NCCL_CONFIG_UNDEF_INT; };
-  if (set(config->blocking) && config->blocking != 0 && config->blocking != 1) {
-    return "blocking " + std::to_string(config->blocking);
-  }
-  if (set(config->cgaClusterSize) && config->cgaClusterSize < 0) {
-    return "cgaClusterSize " + std::to_string(config->cgaClusterSize);
-  }
-  if ((set(config->minCTAs) && config->minCTAs <= 0) ||
-      (set(config->maxCTAs) && config->maxCTAs <= 0) ||
-      config->minCTAs > config->maxCTAs) {  // before defaults: an unset max is INT_MIN
-    return "minCTAs/maxCTAs " + std::to_string(config->minCTAs) + "/" +
-           std::to_string(config->maxCTAs);
-  }
-  if (set(config->splitShare) && config->splitShare != 0 && config->splitShare != 1) {
-    return "splitShare " + std::to_string(config->splitShare);
-  }
-  return "";
 }
 
 size_t sizeOf(ncclDataType_t type) {
@@ -337,220 +236,6 @@ RecordingNccl::Comm& RecordingNccl::made(int64_t number, int device, int nranks,
   return comm;
 }
 
-ncclResult_t RecordingNccl::commShrink(ncclComm_t handleValue, int* excludeRanksList,
-                                       int excludeRanksCount, ncclComm_t* newcomm,
-                                       ncclConfig_t* config, int shrinkFlags) {
-  const std::vector<int> excluded(excludeRanksList, excludeRanksList + excludeRanksCount);
-  const bool abortFirst = (shrinkFlags & NCCL_SHRINK_ABORT) != 0;
-  std::string call = "ncclCommShrink(" + commName(handleValue) + ", exclude=[" +
-                     c10::Join(",", excluded) + "]" + (abortFirst ? ", abort" : "") +
-                     configText(config) + ")";
-  if (const std::string refusal = configRefusal(config); !refusal.empty()) {
-    gpu_->log().add(call + " failed: NCCL refuses the config (" + refusal + ")");
-    return ncclInvalidArgument;
-  }
-  if (gpu_->ncclVersion() < NCCL_VERSION(2, 27, 0)) {
-    gpu_->log().violation(call + " with NCCL " + std::to_string(gpu_->ncclVersion()) +
-                          ", which has no ncclCommShrink (2.27+)");
-    return ncclInvalidUsage;
-  }
-  gpu_->bindDevice();
-  std::unique_lock<std::mutex> lock(mutex_);
-  Comm* parent = parentFor(handleValue, call);
-  if (parent == nullptr) {
-    return ncclInvalidArgument;
-  }
-  if (std::count(excluded.begin(), excluded.end(), parent->rank) > 0) {
-    gpu_->log().violation(call + " by rank " + std::to_string(parent->rank) +
-                          ", which it excludes");
-  }
-  const bool modelled = gpu_->models().shrink;
-  if (const ncclResult_t injected = outcome("ncclCommShrink"); injected != ncclSuccess) {
-    gpu_->log().add(call + " failed");
-    return injected;
-  }
-  if (abortFirst && modelled) {
-    // The parent's operations in flight quit; the parent itself stays to be freed.
-    gpu_->stopLaunches(parent->key, parent->rank);
-  }
-  // The survivors meet by what they share: the parent, which of its shrinks, whom it left out,
-  // renumbered in order without the excluded. (Unmodelled: the parent's members, unchanged.)
-  const uint64_t key = FakeNcclWorld::shrunkKey(parent->key, parent->shrinks++, excluded);
-  const auto before = [&](int out) { return out < parent->rank; };
-  const int rank =
-      modelled
-          ? parent->rank - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), before))
-          : parent->rank;
-  const int nranks = modelled ? parent->nranks - static_cast<int>(excluded.size()) : parent->nranks;
-  const int device = parent->device;
-  const bool blocking = blocksWith(config);
-  const bool shares = !abortFirst && parent->shrinksShare;
-  // The new one's own config is the shrink's, or else its parent's (then the environment).
-  const bool childShrinksShare =
-      config != nullptr ? shrinksShareWith(config) : parent->shrinksShare;
-  world_->join(key, rank, nranks, gpu_.get());
-  if (blocking && modelled) {
-    lock.unlock();
-    if (!world_->waitComplete(key, kBlockingInitWait)) {
-      gpu_->log().add(call + " never met the other survivors");
-      return ncclSystemError;
-    }
-    lock.lock();
-  }
-  const int64_t number = commsMade_++;  // named now, for the log
-  gpu_->log().add(call + " -> " + commName(handle<ncclComm_t>(number)) + " (rank " +
-                  std::to_string(rank) + " of " + std::to_string(nranks) + ")" +
-                  (shares ? ", sharing its parent's resources" : ""));
-  if (!blocking && modelled) {
-    // NCCL's own thread makes it, tied to the parent, and writes it only once done.
-    *newcomm = nullptr;
-    parent->shrinking = Comm::Shrinking{newcomm, number, fake::number(handleValue), key, rank,
-                                        nranks,  shares, childShrinksShare};
-    parent->childAbortFlag = number;
-    return ncclInProgress;
-  }
-  *newcomm = handle<ncclComm_t>(number);
-  Comm& child = made(number, device, nranks, rank, key, blocking);
-  child.shrinksShare = childShrinksShare;
-  if (shares) {
-    child.abortFlagOf = fake::number(handleValue);
-  }
-  return ncclSuccess;
-}
-
-ncclResult_t RecordingNccl::commSplit(ncclComm_t handleValue, int color, int key,
-                                      ncclComm_t* newcomm, ncclConfig_t* config) {
-  const bool noColor = color == NCCL_SPLIT_NOCOLOR;
-  const std::string call = "ncclCommSplit(" + commName(handleValue) +
-                           ", color=" + (noColor ? "NOCOLOR" : std::to_string(color)) +
-                           ", key=" + std::to_string(key) + configText(config) + ")";
-  if (const std::string refusal = configRefusal(config); !refusal.empty()) {
-    gpu_->log().add(call + " failed: NCCL refuses the config (" + refusal + ")");
-    return ncclInvalidArgument;
-  }
-  if (color < 0 && !noColor) {
-    gpu_->log().violation(call + ": a color must be non-negative or NCCL_SPLIT_NOCOLOR");
-    return ncclInvalidArgument;
-  }
-  gpu_->bindDevice();
-  std::unique_lock<std::mutex> lock(mutex_);
-  Comm* parent = parentFor(handleValue, call);
-  if (parent == nullptr) {
-    return ncclInvalidArgument;
-  }
-  if (const ncclResult_t injected = outcome("ncclCommSplit"); injected != ncclSuccess) {
-    gpu_->log().add(call + " failed");
-    return injected;
-  }
-  *newcomm = nullptr;  // NCCL clears it first; only a made communicator is written there
-  const bool modelled = gpu_->models().split;
-  const int nth = parent->splits++;
-  const bool shares = parent->splitsShare;
-  Comm::Shrinking making;
-  making.into = newcomm;
-  making.parent = fake::number(handleValue);
-  making.sharesAbortFlag = shares;
-  // The new one's own config is the split's, or else its parent's (then the environment).
-  making.childShrinksShare = config != nullptr ? shrinksShareWith(config) : parent->shrinksShare;
-  making.childSplitsShare = config != nullptr ? splitsShareWith(config) : parent->splitsShare;
-  making.noColor = noColor;
-  if (noColor) {
-    gpu_->log().add(call + " -> none (this rank joins no new communicator)");
-  } else {
-    making.number = commsMade_++;  // named now, for the log
-    gpu_->log().add(call + " -> " + commName(handle<ncclComm_t>(making.number)) +
-                    (shares ? ", sharing its parent's resources" : ""));
-  }
-  if (!modelled) {  // the parent's members, made at once
-    if (!noColor) {
-      const uint64_t childKey = parent->key * 1000033 + static_cast<uint64_t>(nth) + 1;
-      world_->join(childKey, parent->rank, parent->nranks, gpu_.get());
-      *newcomm = handle<ncclComm_t>(making.number);
-      made(making.number, parent->device, parent->nranks, parent->rank, childKey, false);
-    }
-    return ncclSuccess;
-  }
-  world_->joinSplit(parent->key, nth, parent->rank, parent->nranks, color, key);
-  making.splitNth = nth;
-  parent->shrinking = making;
-  if (!noColor) {
-    parent->childAbortFlag = making.number;
-  }
-  if (blocksWith(config)) {
-    // NCCL's thread runs it to the end before the call returns.
-    const auto deadline = std::chrono::steady_clock::now() + kBlockingInitWait;
-    while (parent->shrinking) {
-      if (placeSplit(*parent) && parent->shrinking && world_->complete(parent->shrinking->key)) {
-        finishShrink(*parent, ncclSuccess);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        gpu_->log().add(call + " never met the other members");
-        return ncclSystemError;
-      }
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      lock.lock();
-    }
-    return ncclSuccess;
-  }
-  return ncclInProgress;
-}
-
-RecordingNccl::Comm* RecordingNccl::parentFor(ncclComm_t handleValue, const std::string& call) {
-  Comm* parent = usable(handleValue, call);
-  if (parent == nullptr) {
-    gpu_->log().add(call + " failed");
-    return nullptr;
-  }
-  if (parent->device != FakeGpu::currentDevice()) {
-    gpu_->log().violation(call + " on device " + std::to_string(FakeGpu::currentDevice()) +
-                          ", not its communicator's " + std::to_string(parent->device));
-  }
-  return parent;
-}
-
-bool RecordingNccl::placeSplit(Comm& parent) {
-  Comm::Shrinking& making = *parent.shrinking;
-  if (making.splitNth < 0) {
-    return true;
-  }
-  const auto place = world_->splitPlace(parent.key, making.splitNth, parent.rank);
-  if (!place) {
-    return false;
-  }
-  making.splitNth = -1;
-  if (making.noColor) {
-    parent.shrinking.reset();  // its part is done; nothing is written
-    return true;
-  }
-  making.key = place->key;
-  making.rank = place->rank;
-  making.nranks = place->nranks;
-  world_->join(place->key, place->rank, place->nranks, gpu_.get());
-  return true;
-}
-
-void RecordingNccl::finishShrink(Comm& parent, ncclResult_t failure) {
-  const Comm::Shrinking shrinking = *std::exchange(parent.shrinking, std::nullopt);
-  Comm& child = made(shrinking.number, parent.device, shrinking.nranks, shrinking.rank,
-                     shrinking.key, /*blocking=*/false);
-  child.asyncFailure = failure;
-  child.shrinksShare = shrinking.childShrinksShare;
-  child.splitsShare = shrinking.childSplitsShare;
-  if (shrinking.sharesAbortFlag) {
-    child.abortFlagOf = shrinking.parent;
-  }
-  if (failure == ncclSuccess) {
-    parent.childAbortFlag = -1;  // made well: NCCL unlinks the parent from its abort flag
-  } else {
-    gpu_->log().add("making " + child.name + " from " + parent.name + " failed" +
-                    (parent.aborted ? " (ended by the parent's abort)" : ""));
-  }
-  // NCCL's thread writes it with a release store when it is done.
-  __atomic_store_n(shrinking.into, handle<ncclComm_t>(shrinking.number), __ATOMIC_RELEASE);
-}
-
 RecordingNccl::Comm* RecordingNccl::usable(ncclComm_t handleValue, const std::string& call) {
   auto found = comms_.find(number(handleValue));
   if (found == comms_.end()) {
@@ -715,22 +400,23 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
     *asyncError = ncclRemoteError;
     return ncclSuccess;
   }
-  if (comm.asyncFailure != ncclSuccess) {
-    std::lock_guard<std::mutex> errorLock(errorMutex_);
-    lastError_ =
-        comm.name + " failed (its making failed or its parent's abort ended it, or one sharing "
-                    "its abort flag was aborted)";
-    *asyncError = comm.asyncFailure;
-    return ncclSuccess;
-  }
-  if (comm.initPending && world_->complete(comm.key)) {
-    comm.initPending = false;
-  }
+  // First: a new one whose making failed is reported on this one.
   if (comm.shrinking && !gpu_->shrinksHeld() && placeSplit(comm) && comm.shrinking &&
       world_->complete(comm.shrinking->key)) {
     // fail_next("making a communicator"): NCCL's thread fails to make this one.
     finishShrink(comm, gpu_->log().takeFailure("making a communicator") ? ncclSystemError
                                                                         : ncclSuccess);
+  }
+  if (comm.asyncFailure != ncclSuccess) {
+    std::lock_guard<std::mutex> errorLock(errorMutex_);
+    lastError_ =
+        comm.name + " has an asynchronous error (one being made from it failed, or its "
+                    "parent's abort ended its making, or one sharing its abort flag was aborted)";
+    *asyncError = comm.asyncFailure;
+    return ncclSuccess;
+  }
+  if (comm.initPending && world_->complete(comm.key)) {
+    comm.initPending = false;
   }
   if (!comm.pending.empty() && comm.pending.front().caller != std::this_thread::get_id() &&
       gpu_->models().inProgress) {

@@ -183,6 +183,9 @@ class RecordingNccl final : public NcclApi {
   void finishShrink(Comm& parent, ncclResult_t failure);
   // A split in progress on `parent` whose members have all taken part: its new one joins its
   // members (or, NCCL_SPLIT_NOCOLOR, the parent is done). False while some have not.
+  // A violation where `parent` still has kernels queued or running: NCCL's split, and its
+  // shrink without NCCL_SHRINK_ABORT, need its operations finished.
+  void refuseOutstanding(const Comm& parent, const std::string& call);
   bool placeSplit(Comm& parent);
   // Logs `line`, checks and issues `op` on `comm` and `stream`, its buffers `buffers`.
   ncclResult_t issue(const char* function, const std::string& line, ncclComm_t comm,
