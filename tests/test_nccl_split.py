@@ -275,7 +275,8 @@ def test_a_failed_split_breaks_the_parents_group():
         with pytest.raises(dist.DistBackendError, match=expected):
             pg._split(stores[(0, 1)], [0, 1])
         if rank > 0:
-            with pytest.raises(dist.DistBackendError, match="unusable since.*ncclCommSplit of this communicator failed"):
+            broken = "unusable since.*ncclCommSplit of this communicator failed"
+            with pytest.raises(dist.DistBackendError, match=broken):
                 pg.allreduce([torch.ones(4)], opts(AllreduceOptions)).wait()
         return gpu.calls()
 

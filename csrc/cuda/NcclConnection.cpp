@@ -373,7 +373,8 @@ void NcclConnection::acquire(const char* call) {
 
 void NcclConnection::acquire(const char* call, std::unique_lock<std::mutex>& lock) {
   // A poll of its state under way (asyncError()) is never long: a use waits for it.
-  changed_.wait(lock, [&] { return (state_ != State::Connecting && statePolls_ == 0) || aborted_; });
+  changed_.wait(lock,
+                [&] { return (state_ != State::Connecting && statePolls_ == 0) || aborted_; });
   if (aborted_) {
     raise(std::string(call) + ": the communicator was aborted");
   }

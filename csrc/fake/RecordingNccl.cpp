@@ -404,14 +404,14 @@ ncclResult_t RecordingNccl::commGetAsyncError(ncclComm_t handleValue, ncclResult
   if (comm.shrinking && !gpu_->shrinksHeld() && placeSplit(comm) && comm.shrinking &&
       world_->complete(comm.shrinking->key)) {
     // fail_next("making a communicator"): NCCL's thread fails to make this one.
-    finishShrink(comm, gpu_->log().takeFailure("making a communicator") ? ncclSystemError
-                                                                        : ncclSuccess);
+    finishShrink(comm,
+                 gpu_->log().takeFailure("making a communicator") ? ncclSystemError : ncclSuccess);
   }
   if (comm.asyncFailure != ncclSuccess) {
     std::lock_guard<std::mutex> errorLock(errorMutex_);
-    lastError_ =
-        comm.name + " has an asynchronous error (one being made from it failed, or its "
-                    "parent's abort ended its making, or one sharing its abort flag was aborted)";
+    lastError_ = comm.name +
+                 " has an asynchronous error (one being made from it failed, or its "
+                 "parent's abort ended its making, or one sharing its abort flag was aborted)";
     *asyncError = comm.asyncFailure;
     return ncclSuccess;
   }

@@ -144,7 +144,7 @@ class RecordingNccl final : public NcclApi {
       bool noColor = false;  // a split that makes nothing here
     };
     std::optional<Shrinking> shrinking;
-    int64_t abortFlagOf = -1;                 // the communicator whose abort flag it shares
+    int64_t abortFlagOf = -1;  // the communicator whose abort flag it shares
     // The communicator a shrink or split of this one is making, or made and failed: NCCL links
     // this one to its abort flag while making it, and unlinks it only once it is made well, so
     // this one's abort writes that flag (-1: none).
