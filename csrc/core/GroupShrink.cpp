@@ -34,13 +34,23 @@ std::vector<int> checkedExclusion(const std::vector<int64_t>& ranksToExclude, in
 
 }  // namespace
 
-std::string ProcessGroup::awaitOpsInFlight(const char* what, std::chrono::milliseconds timeout) {
-  if (watchdog_->finish(std::chrono::steady_clock::now() + timeout) || health_->broken()) {
+std::string ProcessGroup::awaitOpsInFlight(const char* what,
+                                           const std::vector<std::pair<c10::Device, Path*>>& opened,
+                                           std::chrono::milliseconds timeout) {
+  std::vector<const Communicator*> communicators;
+  for (const auto& entry : opened) {
+    communicators.push_back(entry.second->communicator.get());
+  }
+  const auto waited = timeout / 2;
+  if (communicators.empty() ||
+      watchdog_->finishOn(communicators, std::chrono::steady_clock::now() + waited) ||
+      health_->broken()) {
     return {};
   }
-  return who() + " " + what + ": the group's ops in flight did not end within " +
-         std::to_string(timeout.count()) + " ms, and NCCL must not " + what +
-         " a communicator with operations outstanding: " + c10::Join("; ", watchdog_->unfinished());
+  return who() + " " + what + ": its ops in flight did not end within " +
+         std::to_string(waited.count()) + " ms, and NCCL " + what +
+         "s a communicator only with no operation outstanding: " +
+         c10::Join("; ", watchdog_->unfinished());
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
@@ -75,18 +85,22 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
                           makeDistBackendError(who() + " shrunk with SHRINK_ABORT: its ops in "
                                                        "flight were aborted"),
                           {}, Watchdog::Kernels::StoppedByCaller);
+    watchdog_->awaitOpsFailed();  // where another break won the race
   }
   auto abortAfterShrink = c10::make_scope_exit([&] {
     if (abortInFlight) {
       watchdog_->abortCommunicators();  // also when the shrink failed
     }
   });
+  std::vector<std::pair<c10::Device, Path*>> opened = paths_.made();
   if (!abortInFlight) {
-    if (const std::string why = awaitOpsInFlight("shrink", options->timeout); !why.empty()) {
+    if (const std::string why = awaitOpsInFlight("shrink", opened, options->timeout);
+        !why.empty()) {
+      // The other survivors, waiting in the shrink's agreement, end at once too.
+      store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(why.begin(), why.end()));
       throwDistBackendError(why);
     }
   }
-  std::vector<std::pair<c10::Device, Path*>> opened = paths_.made();
   if (abortInFlight) {
     // The others (peer-to-peer lanes) now, their ops failed: NCCL's shrink waits for the
     // streams its communicator's kernels were issued on, where a lane's stuck kernel may be

@@ -319,7 +319,7 @@ PathFactory::SplitOf ProcessGroup::splitOf(const std::string& agreement,
   of.size = getSize();
   of.opened = paths_.made();
   of.timeout = timeout;
-  if (const std::string why = awaitOpsInFlight("split", timeout); !why.empty()) {
+  if (const std::string why = awaitOpsInFlight("split", of.opened, timeout); !why.empty()) {
     failSplit(of.store, why);  // the others end at once too
     throwDistBackendError(why);
   }
@@ -631,6 +631,7 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   auto work = c10::make_intrusive<Work>(std::move(info), launch.opType, path.device,
                                         std::move(launch.outputs), timeout, blockHostOnWait,
                                         watchdog_, std::move(future));
+  work->setCommunicator(path.communicator.get());
   if (launch.sourceRank) {
     work->reportSourceRank(launch.sourceRank);
   }

@@ -378,11 +378,16 @@ class ProcessGroup final : public c10d::Backend {
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
   PathFactory::SplitOf splitOf(const std::string& agreement, std::chrono::milliseconds timeout);
-  // NCCL's split, and its shrink without NCCL_SHRINK_ABORT, need the parent's operations
-  // finished ("no outstanding NCCL operations on the comm", else a deadlock may follow): waits
-  // up to `timeout` until the ops in flight have ended (or the group broke, whose communicators
-  // NCCL then does not split). Returns why not, for `what`'s error; empty once they have.
-  std::string awaitOpsInFlight(const char* what, std::chrono::milliseconds timeout);
+  // NCCL's split, and its shrink without NCCL_SHRINK_ABORT, need the communicator's operations
+  // finished (NCCL 2.30's docs: "no outstanding NCCL operations on the comm", else a deadlock
+  // may follow): waits until the ops in flight on the communicators of `opened` (not the
+  // lanes', nor the host path's) have ended, or the group broke (its communicators are then
+  // not split but made afresh), for half of `timeout` (the other members' agreement waits the
+  // whole of it, so they learn of a failure here before they give up). Returns why not, for
+  // `what`'s error; empty once they have. Captured ops (CUDA graphs) are not waited for.
+  std::string awaitOpsInFlight(const char* what,
+                               const std::vector<std::pair<c10::Device, Path*>>& opened,
+                               std::chrono::milliseconds timeout);
   // Where the ranks of this group meet for the split `name` (null without a Store).
   c10::intrusive_ptr<c10d::Store> splitStore(const std::string& name) const;
   // `of` with only the opened paths of devices of `type`.

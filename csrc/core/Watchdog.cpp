@@ -120,6 +120,7 @@ void Watchdog::watch(std::shared_ptr<Communicator> communicator) {
     if (auto self = weak.lock()) {
       const OpInfo group = self->describeGroup();
       self->breakGroup(group, makeDistBackendError(group.who() + " " + why));
+      self->awaitOpsFailed();  // its caller aborts next: the ops must have failed first
     }
   });
   {
@@ -325,30 +326,32 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     }
   }
   if (!broke) {
-    // Its caller may stop kernels next (a failed split's abort of the parent, a shrink with
-    // NCCL_SHRINK_ABORT): not before the break that won has failed the ops in flight.
-    awaitOpsFailed(group);
     return;
   }
-  failUntilTheirEnd(failing, reason);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    opsFailed_ = true;
+    auto opsFailed = c10::make_scope_exit([this] {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        opsFailed_ = true;
+      }
+      opsFailedChanged_.notify_all();
+    });
+    failUntilTheirEnd(failing, reason);
   }
-  opsFailedChanged_.notify_all();
   if (kernels == Kernels::Abort) {
     abortCommunicators();
   }
 }
 
-void Watchdog::awaitOpsFailed(const OpInfo& group) {
+void Watchdog::awaitOpsFailed() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (breaker_ == std::this_thread::get_id()) {
     return;  // from the break's own callbacks: it goes on once they return
   }
   if (!opsFailedChanged_.wait_for(lock, kBreakWait, [&] { return opsFailed_; })) {
-    LOG(ERROR) << group.who() << " the group's break did not fail its ops in flight within "
-               << kBreakWait.count() << " s (a future's callback that does not return?)";
+    LOG(ERROR) << describeGroup().who()
+               << " the group's break did not fail its ops in flight within " << kBreakWait.count()
+               << " s (a future's callback that does not return?)";
   }
 }
 
@@ -430,7 +433,14 @@ void Watchdog::abortCommunicatorsBut(const std::vector<const Communicator*>& kep
   }
 }
 
-bool Watchdog::finish(Clock::time_point deadline) {
+bool Watchdog::finish(Clock::time_point deadline) { return finishOn({}, deadline); }
+
+bool Watchdog::finishOn(const std::vector<const Communicator*>& communicators,
+                        Clock::time_point deadline) {
+  const auto counts = [&](const c10::intrusive_ptr<Work>& work) {
+    return communicators.empty() || std::find(communicators.begin(), communicators.end(),
+                                              work->communicator()) != communicators.end();
+  };
   auto pause = std::chrono::microseconds(100);
   while (!health_->broken()) {
     Works faulted;
@@ -439,7 +449,7 @@ bool Watchdog::finish(Clock::time_point deadline) {
       RecorderClock clock;
       std::lock_guard<std::mutex> lock(mutex_);
       collectEnded(faulted, clock);
-      done = inFlight_.empty() && faulted.empty();
+      done = std::none_of(inFlight_.begin(), inFlight_.end(), counts) && faulted.empty();
     }
     if (!faulted.empty()) {
       settle(faulted);

@@ -27,8 +27,10 @@
 // nothing else aborts a communicator that ops have used: a failed split or shrink asks the
 // group to break (Communicator::setBreakRequest), and a shrink with NCCL_SHRINK_ABORT, whose
 // NCCL call stops the kernels itself, breaks the group first and aborts the communicators
-// only after (Kernels::StoppedByCaller). The communicator's own aborts are of one no op has
-// used: still connecting, or closed at the group's end once its ops have ended.
+// only after (Kernels::StoppedByCaller; the lanes, which NCCL does not shrink, right after
+// the break). Either waits, when its break lost the race, until the winning break has failed
+// the ops (awaitOpsFailed). The communicator's own aborts are of one no op is using: still
+// connecting, or closed at the group's end once its ops have ended.
 //
 // At the group's end (finish() and close()) the ops in flight are waited for, up to the
 // group's timeout, and the communicators then closed in order; only a broken group, or ops
@@ -102,12 +104,19 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // op fails once the dump is written (as settle() does for those the thread meets).
   void failOnDeviceError(Work& work, std::exception_ptr cause);
 
-  // At the group's end: waits until every op in flight has ended, the group breaks, or
-  // `deadline` passes. True when every op ended (and the group is not broken).
+  // Waits until every op in flight has ended, the group breaks, or `deadline` passes (at the
+  // group's end). True when every op ended (and the group is not broken).
   bool finish(Clock::time_point deadline);
+  // The same for the ops issued on `communicators` alone (all where empty), while the group
+  // goes on: a split waits so for the ops on the communicators it splits.
+  bool finishOn(const std::vector<const Communicator*>& communicators, Clock::time_point deadline);
   // The ops still in flight, described, for the message of a teardown that gives up.
   std::vector<std::string> unfinished();
   void abortCommunicators();
+  // Once the group is broken, for a caller that stops kernels itself next (a failed split's
+  // abort of its parent, a shrink with NCCL_SHRINK_ABORT): waits (up to a minute, then logs)
+  // until the break that won has failed the ops in flight; at once on the winner's thread.
+  void awaitOpsFailed();
   // Once the group is broken: aborts every communicator but `kept` (those a shrink with
   // NCCL_SHRINK_ABORT hands to NCCL, which stops their kernels itself).
   void abortCommunicatorsBut(const std::vector<const Communicator*>& kept);
@@ -171,8 +180,6 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   bool opsFailed_ = false;
   std::condition_variable opsFailedChanged_;
   static constexpr std::chrono::seconds kBreakWait{60};
-  // A break that lost: waits (with a bound) until the winner has failed the ops in flight.
-  void awaitOpsFailed(const OpInfo& group);
 
   // A device error reading a duration, not yet reported (retire() runs with and without
   // mutex_ held, so it has a lock of its own).

@@ -15,6 +15,8 @@
 
 namespace streamnccl {
 
+class Communicator;
+
 class InflightWriteCheck;
 class Watchdog;
 
@@ -64,6 +66,10 @@ class Work : public c10d::Work {
   // kernels use besides them), are held until wait() has joined it to the caller's stream.
   void markCaptured(std::shared_ptr<const void> temporaries);
   bool captured() const { return captured_; }
+  // The communicator the op was issued on (a group's split waits for the ops on the ones it
+  // splits); null where none was chosen.
+  void setCommunicator(const Communicator* communicator) { communicator_ = communicator; }
+  const Communicator* communicator() const { return communicator_; }
   // Options::checkInflightWrites: wait() raises if a tensor of the op was written while it was
   // in flight (InflightWrites.hpp).
   void checkWrites(std::shared_ptr<InflightWriteCheck> writes) { writes_ = std::move(writes); }
@@ -154,6 +160,7 @@ class Work : public c10d::Work {
   const bool blockHostOnWait_;
   const std::weak_ptr<Watchdog> watchdog_;
   bool captured_ = false;
+  const Communicator* communicator_ = nullptr;
 
   std::shared_ptr<const std::atomic<int>> sender_;  // set for a recv from any source
   std::shared_ptr<InflightWriteCheck> writes_;      // set when in-flight writes are checked
