@@ -317,6 +317,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     failing.swap(inFlight_);
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
     breaker_ = std::this_thread::get_id();
+    breaking_ = Breaking::FailingOps;
   }
   if (failCause) {
     try {
@@ -332,7 +333,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     auto opsFailed = c10::make_scope_exit([this] {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        opsFailed_ = true;
+        breaking_ = Breaking::OpsFailed;
       }
       opsFailedChanged_.notify_all();
     });
@@ -344,11 +345,16 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
 }
 
 void Watchdog::awaitOpsFailed() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (breaker_ == std::this_thread::get_id()) {
-    return;  // from the break's own callbacks: it goes on once they return
+  bool failed = true;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (breaker_ == std::this_thread::get_id()) {
+      return;  // from the break's own callbacks: it goes on once they return
+    }
+    failed = opsFailedChanged_.wait_for(lock, kBreakWait,
+                                        [&] { return breaking_ == Breaking::OpsFailed; });
   }
-  if (!opsFailedChanged_.wait_for(lock, kBreakWait, [&] { return opsFailed_; })) {
+  if (!failed) {  // logged without the lock: describing the group may call into it
     LOG(ERROR) << describeGroup().who()
                << " the group's break did not fail its ops in flight within " << kBreakWait.count()
                << " s (a future's callback that does not return?)";

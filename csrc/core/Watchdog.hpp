@@ -174,10 +174,12 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   bool aborted_ = false;
   std::once_flag abortOnce_;
   std::string brokenReason_;  // set once the group is broken
-  // The break that won: its thread, and whether it has failed the ops in flight (a later
-  // break waits for that before its caller may stop kernels).
+  // Where the group's break is: None -> FailingOps (the break that won took the ops in flight,
+  // on thread breaker_) -> OpsFailed (every one of them failed; a caller that stops kernels
+  // after a break that lost waits for this). No other transition.
+  enum class Breaking { None, FailingOps, OpsFailed };
+  Breaking breaking_ = Breaking::None;
   std::thread::id breaker_;
-  bool opsFailed_ = false;
   std::condition_variable opsFailedChanged_;
   static constexpr std::chrono::seconds kBreakWait{60};
 
