@@ -315,6 +315,18 @@ def test_a_split_waits_for_the_parents_ops_in_flight_and_fails_when_they_never_e
         assert gpu.violations() == []
 
 
+def test_a_split_on_another_device_is_made_with_that_device_current():
+    # NCCL makes the new communicator on the device current when ncclCommSplit is called; the
+    # thread that calls it starts on device 0, as every CUDA thread does.
+    groups = connect(fake_ranks(2, device_index=1))
+    stores = _subgroup_stores([[0, 1]])
+    results = run_ranks(groups, _split([[0, 1]], stores))
+    assert [gathered for _, gathered, _ in results] == [[10, 11], [10, 11]]
+    _end(groups, results)
+    for _, gpu in groups:
+        assert gpu.violations() == []
+
+
 def test_a_communicator_that_failed_to_be_made_is_freed_only_after_its_parents_abort():
     # NCCL links a parent to the abort flag of the communicator it is making, and unlinks it
     # only once that is made well: freeing a failed one first leaves the parent's abort to
