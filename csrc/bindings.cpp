@@ -131,31 +131,33 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("split_share", &Options::NcclConfig::splitShare);
 
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options")
-      .def(py::init([](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
-                       std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
-                       std::optional<bool> debugChecks, std::optional<bool> enableTiming,
-                       std::optional<bool> singleHardwareQueue,
-                       std::optional<bool> checkInflightWrites,
-                       std::optional<Options::NcclConfig> config) {
-             auto options = c10::make_intrusive<Options>();
-             if (config) {
-               options->ncclConfig = *config;
-             }
-             options->checkInflightWrites = checkInflightWrites;
-             options->singleHardwareQueue = singleHardwareQueue;
-             options->enableTiming = enableTiming;
-             options->highPriorityStreams = highPriorityStreams;
-             options->blockingWait = blockingWait;
-             options->dumpDir = std::move(dumpDir);
-             options->traceBufferSize = traceBufferSize;
-             options->debugChecks = debugChecks;
-             return options;
-           }),
+      .def(py::init(
+               [](std::optional<bool> highPriorityStreams, std::optional<bool> blockingWait,
+                  std::optional<std::string> dumpDir, std::optional<int> traceBufferSize,
+                  std::optional<bool> debugChecks, std::optional<bool> enableTiming,
+                  std::optional<bool> singleHardwareQueue, std::optional<bool> checkInflightWrites,
+                  std::optional<Options::NcclConfig> config, std::optional<bool> propagateErrors) {
+                 auto options = c10::make_intrusive<Options>();
+                 if (config) {
+                   options->ncclConfig = *config;
+                 }
+                 options->checkInflightWrites = checkInflightWrites;
+                 options->propagateErrors = propagateErrors;
+                 options->singleHardwareQueue = singleHardwareQueue;
+                 options->enableTiming = enableTiming;
+                 options->highPriorityStreams = highPriorityStreams;
+                 options->blockingWait = blockingWait;
+                 options->dumpDir = std::move(dumpDir);
+                 options->traceBufferSize = traceBufferSize;
+                 options->debugChecks = debugChecks;
+                 return options;
+               }),
            py::kw_only(), py::arg("high_priority_streams") = py::none(),
            py::arg("blocking_wait") = py::none(), py::arg("dump_dir") = py::none(),
            py::arg("trace_buffer_size") = py::none(), py::arg("debug_checks") = py::none(),
            py::arg("enable_timing") = py::none(), py::arg("single_hardware_queue") = py::none(),
-           py::arg("check_inflight_writes") = py::none(), py::arg("config") = py::none())
+           py::arg("check_inflight_writes") = py::none(), py::arg("config") = py::none(),
+           py::arg("propagate_errors") = py::none())
       .def_readwrite("high_priority_streams", &Options::highPriorityStreams)
       .def_readwrite("blocking_wait", &Options::blockingWait)
       .def_readwrite("dump_dir", &Options::dumpDir)
@@ -164,6 +166,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("enable_timing", &Options::enableTiming)
       .def_readwrite("single_hardware_queue", &Options::singleHardwareQueue)
       .def_readwrite("check_inflight_writes", &Options::checkInflightWrites)
+      .def_readwrite("propagate_errors", &Options::propagateErrors)
       .def_readwrite("config", &Options::ncclConfig,
                      "NCCL's configuration of the group's communicators (a NcclConfig)")
       .def("__copy__", [](const Options& self) { return c10::make_intrusive<Options>(self); })

@@ -3,15 +3,19 @@
     torchrun --nproc-per-node 4 examples/shrink_on_failure.py                 # streamnccl
     torchrun --nproc-per-node 4 examples/shrink_on_failure.py --backend gloo  # gloo cannot
 
-The last rank vanishes in the middle of step --die-at. The others see the failed gradient
-all-reduce as a DistBackendError, call torch.distributed.shrink_group([dead rank]), wrap the
-model in DDP again over the smaller group, redo the step and finish. Exits non-zero if they end
-with different parameters. With gloo, shrink_group raises TypeError: gloo cannot shrink.
+The last rank vanishes in the middle of step --die-at. Every other rank learns it within about
+a second, whatever the group's timeout (torch's default here, 30 minutes): those whose
+connection to it closes, and through the group's Store the others too, whose op waits on a
+rank still alive (streamnccl's error propagation). Each sees its gradient all-reduce fail with
+a DistBackendError naming the dead rank, calls torch.distributed.shrink_group([dead rank]),
+wraps the model in DDP again over the smaller group, redoes the step and finishes. Each prints
+how long after the death its error came, and its first step in the shrunk group. Exits non-zero
+if they end with different parameters. With gloo, shrink_group raises TypeError.
 """
 
 import argparse
 import os
-from datetime import timedelta
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,14 +37,10 @@ def train_step(model, optimizer, inputs, targets):
     optimizer.step()
 
 
-def shrink_options(args):
-    if args.backend != "streamnccl":
-        return None  # gloo cannot shrink: torch says so before it reads any options
-    import streamnccl
-
-    options = streamnccl.Options()
-    options._timeout = timedelta(seconds=2 * args.timeout_s)
-    return options
+def seconds_since_death(store):
+    """How long ago the dying rank noted its death in the Store (one machine's clock, or
+    clocks in step)."""
+    return time.time() - float(store.get("died_at").decode())
 
 
 def main():
@@ -49,12 +49,11 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--die-at", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--timeout-s", type=float, default=20)
     args = parser.parse_args()
     if args.backend == "streamnccl":
         import streamnccl  # noqa: F401  (registers the backend with torch.distributed)
 
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
+    dist.init_process_group(args.backend)  # torch's default timeout: 30 minutes
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dying_rank = world_size - 1
     torch.manual_seed(0)
@@ -62,27 +61,35 @@ def main():
     model = DistributedDataParallel(module)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
     inputs, targets = make_batches(rank, args.steps, args.batch_size)
+    store = dist.distributed_c10d._get_default_store()
+    shrunk_at = None
 
     step = 0
     while step < args.steps:
         if rank == dying_rank and step == args.die_at:
             # Gone mid-step, before its share of the gradients. Exit code 0 only so that
             # torchrun's agent, which stops every worker once one fails, leaves the others be.
+            store.set("died_at", repr(time.time()))
             os._exit(0)
         try:
             train_step(model, optimizer, inputs[step], targets[step])
         except RuntimeError as error:  # streamnccl: a DistBackendError; gloo: a RuntimeError
+            after = seconds_since_death(store)
             what = f"{type(error).__name__}: {str(error).splitlines()[0]}"
-            print(f"rank {rank}: step {step} failed with {what}", flush=True)
-            # The default group, now without the dead rank. The survivors learn of the death
-            # at different times, up to an op's timeout apart (one from a connection reset at
-            # once, another from its own op timing out): the shrink waits twice that for them.
-            dist.shrink_group([dying_rank], pg_options=shrink_options(args))
+            print(
+                f"rank {rank}: step {step} failed {after:.2f} s after the death: {what}", flush=True
+            )
+            dist.shrink_group([dying_rank])  # the default group, now without the dead rank
             print(f"rank {rank}: now rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
             # The failed step left no update behind (it failed before optimizer.step()): a
             # DDP over the new group redoes it.
             model = DistributedDataParallel(module)
+            shrunk_at = step
             continue
+        if step == shrunk_at:
+            after = seconds_since_death(store)
+            print(f"rank {rank}: first step of the shrunk group done {after:.2f} s after the death",
+                  flush=True)  # fmt: skip
         step += 1
 
     flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])

@@ -184,9 +184,9 @@ MUTANTS = [
            [("    stranded.swap(inFlight_);", "    append(ended_, inFlight_);")]),
     Mutant("failed-before-dump", "an op fails before the group's dump is written",
            "csrc/core/Watchdog.cpp",
-           [("  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);",
-             "  if (failCause) {\n    failCause();\n  }\n"
-             "  bool broke = false;\n  try {\n    broke = health_->breakWith(group, error);")]),
+           [("  const bool broke = health_->claimBreak();",
+             "  if (failCause) {\n    failCause(\"\");\n  }\n"
+             "  const bool broke = health_->claimBreak();")]),
     Mutant("blocking-wait-keeps-the-gil", "a wait() that blocks keeps the GIL",
            "csrc/core/Work.cpp",
            [("  return !waitLooksAtEnd(timeout) && !captured_ && !writes_;", "  return true;")]),
@@ -205,7 +205,7 @@ MUTANTS = [
              "    if (std::string error; !error.empty()) {")]),
     Mutant("break-does-not-abort", "breaking the group aborts no communicator",
            "csrc/core/Watchdog.cpp",
-           [("  if (kernels == Kernels::Abort) {\n    abortCommunicators();", "  if (false) {\n    abortCommunicators();")]),
+           [("  if (as.kernels == Kernels::Abort) {\n    abortCommunicators();", "  if (false) {\n    abortCommunicators();")]),
     Mutant("completed-never-released", "a completed op's Work keeps its tensors",
            "csrc/core/Watchdog.cpp",
            [("    clock.reset();\n  }\n  for (auto& work : released) {\n    work->releaseTensors();\n  }",

@@ -24,16 +24,24 @@ GroupHealth::GroupHealth(size_t recorderCapacity, std::optional<std::string> dum
   recorder().reserve(recorderCapacity);
 }
 
-bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
+bool GroupHealth::claimBreak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !std::exchange(claimed_, true);
+}
+
+void GroupHealth::awaitBreak() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  awaitEvidence(lock);
+}
+
+void GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error, Cause kind) {
   std::string cause = describeException(error);
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (broken_) {
-      awaitEvidence(lock);
-      return false;
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_INTERNAL_ASSERT(claimed_ && !broken_, "streamnccl: a group broken without its claim");
     broken_ = error;
     cause_ = cause;
+    kind_ = kind;
     brokenFlag_.store(true, std::memory_order_release);
   }
   // Whatever becomes of the evidence, the callers waiting for it go on (see the header).
@@ -53,7 +61,6 @@ bool GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error) {
   }
   LOG(ERROR) << group.who() << " group broken: " << cause << "; " << recorder().summary(group.group)
              << "; flight recorder " << where;
-  return true;
 }
 
 std::string GroupHealth::writeDump(std::string bytes) const {
@@ -106,6 +113,22 @@ void GroupHealth::awaitEvidence(std::unique_lock<std::mutex>& lock) const {
   if (!evidenceChanged_.wait_for(lock, kEvidenceWait, [&] { return evidenceWritten_; })) {
     evidenceWritten_ = true;
   }
+}
+
+c10d::ErrorType GroupHealth::errorType() const {
+  if (!broken()) {
+    return c10d::ErrorType::SUCCESS;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  switch (kind_) {
+    case Cause::Timeout:
+      return c10d::ErrorType::TIMEOUT;
+    case Cause::Remote:
+      return c10d::ErrorType::REMOTE_ERROR;
+    case Cause::Fault:
+      break;
+  }
+  return c10d::ErrorType::COMM_ERROR;
 }
 
 void GroupHealth::raiseIfBroken(const OpInfo& group, const char* op) const {

@@ -81,10 +81,13 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
     // NCCL's shrink stops the old communicators' kernels; the ops in flight fail first
     // (Watchdog.hpp's rule), and the communicators are aborted once the shrink is done with
     // them.
-    watchdog_->breakGroup(groupInfo(),
-                          makeDistBackendError(who() + " shrunk with SHRINK_ABORT: its ops in "
-                                                       "flight were aborted"),
-                          {}, Watchdog::Kernels::StoppedByCaller);
+    watchdog_->breakGroup(
+        groupInfo(),
+        makeDistBackendError(who() + " shrunk with SHRINK_ABORT: its ops in "
+                                     "flight were aborted"),
+        {},
+        Watchdog::BreakAs{GroupHealth::Cause::Fault, Watchdog::Kernels::StoppedByCaller,
+                          /*shared=*/false});
     watchdog_->awaitOpsFailed();  // where another break won the race
   }
   auto abortAfterShrink = c10::make_scope_exit([&] {

@@ -181,6 +181,9 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
   if (!resolved->checkInflightWrites) {
     resolved->checkInflightWrites = boolFromEnv("STREAMNCCL_CHECK_INFLIGHT_WRITES").value_or(false);
   }
+  if (!resolved->propagateErrors) {
+    resolved->propagateErrors = boolFromEnv("STREAMNCCL_PROPAGATE_ERRORS").value_or(true);
+  }
   if (!resolved->enableTiming) {
     resolved->enableTiming = boolFromEnv("STREAMNCCL_ENABLE_TIMING").value_or(false);
   }

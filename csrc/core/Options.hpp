@@ -51,6 +51,10 @@ class Options : public c10d::Backend::Options {
   // tensors at launch, and a tensor written meanwhile by anything but streamnccl's own ops
   // raises at wait() (or, never waited for, is logged once per group). See InflightWrites.hpp.
   std::optional<bool> checkInflightWrites;
+  // STREAMNCCL_PROPAGATE_ERRORS (on by default): a group that breaks on one rank posts the
+  // break to the group's Store, and every other rank breaks its group with it within about a
+  // second, whatever its timeout; getError() says REMOTE_ERROR there. See BreakBoard.hpp.
+  std::optional<bool> propagateErrors;
 
   // CUDA_DEVICE_MAX_CONNECTIONS=1 (CUDA's own variable, read here as well): all streams of a
   // device share one hardware queue, so kernels run in issue order across streams. The two
@@ -96,6 +100,7 @@ class Options : public c10d::Backend::Options {
   bool useDebugChecks() const { return debugChecks.value_or(false); }
   bool useTiming() const { return enableTiming.value_or(false); }
   bool useInflightWriteChecks() const { return checkInflightWrites.value_or(false); }
+  bool usePropagateErrors() const { return propagateErrors.value_or(true); }
   bool hasSingleHardwareQueue() const { return singleHardwareQueue.value_or(false); }
   size_t flightRecorderCapacity() const { return static_cast<size_t>(traceBufferSize.value_or(0)); }
 };

@@ -1,5 +1,6 @@
 #include "core/ProcessGroup.hpp"
 
+#include "core/BreakWatcher.hpp"
 #include "core/Errors.hpp"
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
@@ -41,6 +42,17 @@ int validRank(int rank, int size) {
   return rank;
 }
 
+// Where this group shares its breaks with its other ranks (Options::propagateErrors), or null.
+std::shared_ptr<BreakBoard> breakBoardFor(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                          int size, const Options& options) {
+  if (!store || size < 2 || !options.usePropagateErrors()) {
+    return nullptr;
+  }
+  return BreakBoard::open(
+      store, rank, size,
+      "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(size) + "]");
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(Key /*key*/, int rank, int size,
@@ -53,7 +65,9 @@ ProcessGroup::ProcessGroup(Key /*key*/, int rank, int size,
       health_(std::make_shared<GroupHealth>(options_->flightRecorderCapacity(), options_->dumpDir,
                                             rank)),
       stats_(std::make_shared<GroupStats>()),
-      watchdog_(Watchdog::start(health_, stats_, [this] { return groupInfo(); })),
+      watchdog_(Watchdog::start(
+          health_, stats_, [this] { return groupInfo(); },
+          breakBoardFor(store_, rank, size, *options_))),
       inflightWrites_(options_->useInflightWriteChecks() ? std::make_shared<InflightWrites>()
                                                          : nullptr),
       uid_(groupsMade++) {
@@ -73,6 +87,7 @@ void ProcessGroup::shutdownAll() {
   // whose teardown runs apart.
   groupRegistry::waitForTheDying();
   waitForTeardownsApart();
+  breakWatcher::stop();
 }
 
 void ProcessGroup::retireCompletedOfAll() {
@@ -162,7 +177,10 @@ OpInfo ProcessGroup::groupInfo() const {
 }
 
 void ProcessGroup::abort() {
-  watchdog_->breakGroup(groupInfo(), makeDistBackendError(who() + " aborted by the caller"));
+  // Posted for the other ranks, without waiting for their answers: the caller knows the cause.
+  watchdog_->breakGroup(groupInfo(), makeDistBackendError(who() + " aborted by the caller"), {},
+                        Watchdog::BreakAs{GroupHealth::Cause::Fault, Watchdog::Kernels::Abort,
+                                          /*shared=*/true, /*rollCall=*/false});
 }
 
 std::string ProcessGroup::who() const { return groupInfo().who(); }
@@ -571,7 +589,9 @@ void ProcessGroup::runTask(Work& work, const Steps& steps, Communicator& communi
     const std::exception_ptr cause = std::current_exception();
     watchdog.health().recorder().failed(info.traceId, describeException(cause));
     // The op fails once the group's dump is written: whoever learns of it finds the dump.
-    watchdog.breakGroup(info, work.failureFor(cause), [&] { work.fail(cause); });
+    watchdog.breakGroup(info, work.failureFor(cause), [&](const std::string& news) {
+      work.fail(Watchdog::withNews(cause, news));
+    });
   }
 }
 

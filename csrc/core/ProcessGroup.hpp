@@ -72,6 +72,9 @@ class ProcessGroup final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsCoalescing() const override { return true; }
+  // SUCCESS until the group breaks; then TIMEOUT or COMM_ERROR where it broke, REMOTE_ERROR
+  // where the break was learned from another rank (BreakBoard.hpp).
+  c10d::ErrorType getError() override { return health_->errorType(); }
   bool supportsSplitting() const override { return true; }
   // A new group of `ranks` (this group's ranks) with paths of its own, or null when this
   // rank is not among them. Collective over every rank of this group, in the same order on

@@ -1,5 +1,6 @@
 #include "core/Watchdog.hpp"
 
+#include "core/BreakWatcher.hpp"
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
 
@@ -42,9 +43,18 @@ void append(std::vector<c10::intrusive_ptr<Work>>& to,
 
 std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
                                           std::shared_ptr<GroupStats> stats,
-                                          std::function<OpInfo()> describeGroup) {
+                                          std::function<OpInfo()> describeGroup,
+                                          std::shared_ptr<BreakBoard> board) {
   std::shared_ptr<Watchdog> watchdog(
-      new Watchdog(std::move(health), std::move(stats), std::move(describeGroup)));
+      new Watchdog(std::move(health), std::move(stats), std::move(describeGroup), board));
+  if (board) {
+    board->setOnPosted([weak = std::weak_ptr<Watchdog>(watchdog)](const BreakBoard::Post& post) {
+      if (auto self = weak.lock()) {
+        self->learnBreak(post);
+      }
+    });
+    breakWatcher::watch(board);
+  }
   // The thread holds the watchdog one period at a time: if its last owner lets go meanwhile
   // (the group destroyed elsewhere without stop(), which close() never does), ~Watchdog runs
   // on this thread at the period's end, detaches it, and the loop ends on the expired weak_ptr.
@@ -61,14 +71,18 @@ std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
 }
 
 Watchdog::Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
-                   std::function<OpInfo()> describeGroup)
+                   std::function<OpInfo()> describeGroup, std::shared_ptr<BreakBoard> board)
     : health_(std::move(health)),
       stats_(std::move(stats)),
+      board_(std::move(board)),
       describeGroup_(std::move(describeGroup)) {}
 
 Watchdog::~Watchdog() { stop(); }
 
 void Watchdog::stop() {
+  if (board_) {
+    board_->close();  // the group has ended: a break posted now is not its
+  }
   {
     std::lock_guard<std::mutex> lock(stopMutex_);
     stopping_ = true;
@@ -196,7 +210,7 @@ void Watchdog::settle(Works& faulted) {
       fault = error;
     }
   }
-  auto failFaulted = [&] {
+  auto failFaulted = [&](const std::string& /*news*/) {  // a device's own error says it all
     auto handOn = c10::make_scope_exit([&] {
       std::lock_guard<std::mutex> lock(mutex_);
       append(ended_, faulted);  // their device runs nothing more: nothing uses their memory
@@ -224,7 +238,7 @@ void Watchdog::failOnDeviceError(Work& work, std::exception_ptr cause) {
   health_->recorder().failed(work.info().traceId, describeException(error));
   const OpInfo group = describeGroup();
   breakGroup(group, makeDistBackendError(group.who() + " " + describeException(error)),
-             [&] { work.fail(cause); });
+             [&](const std::string& news) { work.fail(withNews(cause, news)); });
 }
 
 void Watchdog::releaseCompleted(RecorderClock& clock) {
@@ -280,15 +294,17 @@ void Watchdog::check() {
           " ms (streamnccl watchdog)" + (path.empty() ? "" : " on the " + path))));
       retireFailed(*work, work->failureFor(timeouts.back()));
     }
-    breakGroup(expired.front()->info(), expired.front()->failureFor(timeouts.front()), [&] {
+    auto failExpired = [&](const std::string& news) {
       auto handOn = c10::make_scope_exit([&] {
         std::lock_guard<std::mutex> lock(mutex_);
         append(failedRunning_, expired);  // let go once their end has passed
       });
       for (size_t i = 0; i < expired.size(); ++i) {
-        expired[i]->fail(timeouts[i]);
+        expired[i]->fail(withNews(timeouts[i], news));
       }
-    });
+    };
+    breakGroup(expired.front()->info(), expired.front()->failureFor(timeouts.front()), failExpired,
+               BreakAs{GroupHealth::Cause::Timeout});
   }
   for (const auto& communicator : communicators) {
     if (std::string error = communicator->asyncError(); !error.empty()) {
@@ -299,14 +315,47 @@ void Watchdog::check() {
   }
 }
 
-void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
-                          const std::function<void()>& failCause, Kernels kernels) {
-  bool broke = false;
-  try {
-    broke = health_->breakWith(group, error);  // returns once the evidence is written
-  } catch (const std::exception& e) {  // the evidence failed to write: the group still breaks
-    LOG(ERROR) << group.who() << " breaking the group: " << e.what();
-    broke = true;
+std::exception_ptr Watchdog::withNews(std::exception_ptr cause, const std::string& news) {
+  if (news.empty()) {
+    return cause;
+  }
+  return makeDistBackendError(describeException(cause) + news);
+}
+
+std::string Watchdog::shareBreak(const std::exception_ptr& error, BreakAs as) {
+  if (!board_ || !as.shared) {
+    return {};
+  }
+  std::optional<std::string> mine;
+  if (as.cause != GroupHealth::Cause::Remote) {
+    mine = describeException(error);
+  }
+  return BreakBoard::describeSilent(board_->announce(mine, as.rollCall).silent);
+}
+
+void Watchdog::learnBreak(const BreakBoard::Post& post) {
+  const OpInfo group = describeGroup();
+  breakGroup(group, makeDistBackendError(group.who() + " " + BreakBoard::describe(post)), {},
+             BreakAs{GroupHealth::Cause::Remote});
+}
+
+void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const FailCause& failCause,
+                          BreakAs as) {
+  // The first call breaks the group, once the roll call's news is in its cause; the others
+  // wait for that, and their ops too carry the news.
+  const bool broke = health_->claimBreak();
+  std::string news;
+  if (broke) {
+    news = shareBreak(error, as);
+    error = withNews(error, news);
+    try {
+      health_->breakWith(group, error, as.cause);  // returns once the evidence is written
+    } catch (const std::exception& e) {  // the evidence failed to write: the group still breaks
+      LOG(ERROR) << group.who() << " breaking the group: " << e.what();
+    }
+  } else {
+    health_->awaitBreak();
+    news = board_ ? BreakBoard::describeSilent(board_->news().silent) : "";
   }
   const std::string reason = "the group broke: " + describeException(error);
   Works failing;
@@ -321,7 +370,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
   }
   if (failCause) {
     try {
-      failCause();                       // first: those ops keep their own error
+      failCause(news);                   // first: those ops keep their own error
     } catch (const std::exception& e) {  // a future's callback: the group must still break
       LOG(ERROR) << group.who() << " failing the ops that broke the group: " << e.what();
     }
@@ -339,7 +388,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error,
     });
     failUntilTheirEnd(failing, reason);
   }
-  if (kernels == Kernels::Abort) {
+  if (as.kernels == Kernels::Abort) {
     abortCommunicators();
   }
 }

@@ -36,6 +36,7 @@
 // group's timeout, and the communicators then closed in order; only a broken group, or ops
 // still unfinished at the timeout, abort them instead.
 
+#include "core/BreakBoard.hpp"
 #include "core/Communicator.hpp"
 #include "core/GroupHealth.hpp"
 #include "core/GroupStats.hpp"
@@ -59,9 +60,12 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // `describeGroup` names the group in the watchdog's own messages; it is called only until
   // describeGroupAs() (or stop()).
   // `stats`: where each op's end is counted.
+  // `board`: where breaks are shared with the other ranks (null: they are not), watched from
+  // now on.
   static std::shared_ptr<Watchdog> start(std::shared_ptr<GroupHealth> health,
                                          std::shared_ptr<GroupStats> stats,
-                                         std::function<OpInfo()> describeGroup);
+                                         std::function<OpInfo()> describeGroup,
+                                         std::shared_ptr<BreakBoard> board = nullptr);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -93,13 +97,32 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // call breaks it. `failCause` fails the ops whose failure this is, on every call: once the
   // group's evidence (the flight recorder's dump) is written, so that whoever learns of a
   // failure finds it there, and before the other ops in flight fail with the group's error,
-  // so that those ops keep their own.
+  // so that those ops keep their own; it is handed `news`, what the roll call found
+  // (BreakBoard::describeSilent, often empty), for their errors (withNews()).
+  // With a board, the first call first posts the break for the other ranks (unless learned from
+  // them) and waits for the roll call (up to BreakBoard::kRollCall), whose news every error of
+  // the break then carries.
   // `kernels`: Abort, the break aborts every communicator; StoppedByCaller, the caller stops
   // their kernels itself and then calls abortCommunicators() (a shrink with NCCL_SHRINK_ABORT,
   // which needs the communicators it stops).
   enum class Kernels { Abort, StoppedByCaller };
-  void breakGroup(const OpInfo& group, std::exception_ptr error,
-                  const std::function<void()>& failCause = {}, Kernels kernels = Kernels::Abort);
+  struct BreakAs {
+    GroupHealth::Cause cause = GroupHealth::Cause::Fault;
+    Kernels kernels = Kernels::Abort;
+    // Shared with the other ranks (a shrink with NCCL_SHRINK_ABORT, which they all make, is not).
+    bool shared = true;
+    // Waits for the other ranks' answers, to name the silent (an abort, whose caller knows its
+    // cause, does not).
+    bool rollCall = true;
+  };
+  using FailCause = std::function<void(const std::string& news)>;
+  void breakGroup(const OpInfo& group, std::exception_ptr error, const FailCause& failCause,
+                  BreakAs as);
+  void breakGroup(const OpInfo& group, std::exception_ptr error, const FailCause& failCause = {}) {
+    breakGroup(group, std::move(error), failCause, BreakAs());
+  }
+  // `cause` with the roll call's news after its message (`cause` itself where there is none).
+  static std::exception_ptr withNews(std::exception_ptr cause, const std::string& news);
   // A caller met a device error, `cause`, looking at `work`: the group breaks with it, and the
   // op fails once the dump is written (as settle() does for those the thread meets).
   void failOnDeviceError(Work& work, std::exception_ptr cause);
@@ -134,7 +157,12 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   using Works = std::vector<c10::intrusive_ptr<Work>>;
 
   Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
-           std::function<OpInfo()> describeGroup);
+           std::function<OpInfo()> describeGroup, std::shared_ptr<BreakBoard> board);
+  // A break another rank posted on the board: the group breaks with it (REMOTE_ERROR).
+  void learnBreak(const BreakBoard::Post& post);
+  // breakGroup()'s sharing of the break it claimed: posts it (unless learned from the board),
+  // then returns the roll call's news. Empty without a board, or for a break not shared.
+  std::string shareBreak(const std::exception_ptr& error, BreakAs as);
   OpInfo describeGroup();
   // One period of the thread: waits for it, then check(); false once stop() was called.
   bool waitThenCheck();
@@ -162,7 +190,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
 
   const std::shared_ptr<GroupHealth> health_;
   const std::shared_ptr<GroupStats> stats_;
-  std::mutex describeMutex_;  // describeGroup_ is replaced by describeGroupAs()
+  const std::shared_ptr<BreakBoard> board_;  // null: breaks stay on this rank
+  std::mutex describeMutex_;                 // describeGroup_ is replaced by describeGroupAs()
   std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;

@@ -276,7 +276,7 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
           makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
                                std::to_string(limit.count()) + " ms");
       if (auto watchdog = watchdog_.lock()) {
-        watchdog->breakGroup(info_, error);
+        watchdog->breakGroup(info_, error, {}, Watchdog::BreakAs{GroupHealth::Cause::Timeout});
       }
       std::rethrow_exception(error);
     }

@@ -63,7 +63,39 @@ const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
 
 HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag,
                                    std::shared_ptr<LazyGloo> opened)
-    : gloo_(std::move(gloo)), tag_(tag), opened_(std::move(opened)) {}
+    : gloo_(std::move(gloo)), rank_(gloo_->getRank()), tag_(tag), opened_(std::move(opened)) {}
+
+HostCommunicator::InGloo::InGloo(HostCommunicator& communicator) : communicator_(communicator) {
+  std::lock_guard<std::mutex> lock(communicator.glooMutex_);
+  communicator.refuseIfAborted();  // gloo_ may be gone
+  ++communicator.inGloo_;
+}
+
+HostCommunicator::InGloo::~InGloo() {
+  c10::intrusive_ptr<c10d::Backend> released;  // let go of without the lock
+  std::lock_guard<std::mutex> lock(communicator_.glooMutex_);
+  --communicator_.inGloo_;
+  released = communicator_.releasable();
+}
+
+c10::intrusive_ptr<c10d::Backend> HostCommunicator::releasable() {
+  if (!aborted_.load() || inGloo_ > 0) {
+    return {};
+  }
+  return std::exchange(gloo_, {});
+}
+
+void HostCommunicator::abort() {
+  aborted_.store(true);
+  c10::intrusive_ptr<c10d::Backend> released;  // let go of without the lock
+  {
+    std::lock_guard<std::mutex> lock(glooMutex_);
+    released = releasable();
+  }
+  if (opened_) {
+    opened_->close();
+  }
+}
 
 template <typename Post>
 void HostCommunicator::issue(std::optional<int> peer, Post post) {
@@ -75,6 +107,7 @@ void HostCommunicator::issue(std::optional<int> peer, Post post) {
   if (opened_) {
     opened_->awaitOpen(peer, [this] { return aborted_.load(); });
   }
+  InGloo inGloo(*this);
   post()->wait();
 }
 
@@ -92,7 +125,7 @@ void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& outp
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
                                  c10::Stream /*stream*/) {
   refuseIfAborted();
-  std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output) : output};
+  std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   issue(std::nullopt, [=, this]() mutable {
@@ -115,8 +148,7 @@ void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
                               int root, c10::Stream /*stream*/) {
   refuseIfAborted();
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
-  std::vector<at::Tensor> tensors{gloo_->getRank() == root ? inPlace(input, output)
-                                                           : copyToScratch(input)};
+  std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output) : copyToScratch(input)};
   c10d::ReduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
@@ -185,6 +217,7 @@ int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*
     opened_->awaitOpen(std::nullopt, [this] { return aborted_.load(); });
   }
   std::vector<at::Tensor> tensors{output};
+  InGloo inGloo(*this);
   auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
   work->wait();
   return work->sourceRank();
@@ -218,6 +251,7 @@ void HostCommunicator::groupEnd() {
     return;
   }
   auto grouped = std::exchange(grouped_, {});
+  InGloo inGloo(*this);
   std::vector<c10::intrusive_ptr<c10d::Work>> posted;
   // Whatever happens, what was posted is waited for: Gloo still uses its buffers.
   auto waitPosted = [&posted] {

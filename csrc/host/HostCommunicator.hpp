@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <optional>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -46,8 +47,11 @@ class HostCommunicator final : public Communicator {
   void groupStart() override;
   void groupEnd() override;
   // Gloo cannot be interrupted through c10d's Backend: a blocked Gloo op ends at its own
-  // timeout, the group's. Calls after abort() fail at once instead of reaching Gloo.
-  void abort() override { aborted_ = true; }
+  // timeout, the group's, or once its peers close their connections. So abort() lets go of
+  // Gloo (LazyGloo::close(); at once, or once the op in Gloo returns): once every communicator
+  // of the group has, Gloo closes this rank's connections, which ends its peers' exchanges with
+  // it. Calls after abort() fail at once instead of reaching Gloo.
+  void abort() override;
   // Gloo reports every fault through the op that meets it.
   std::string asyncError() override { return {}; }
 
@@ -66,12 +70,29 @@ class HostCommunicator final : public Communicator {
   void postGrouped(std::vector<Grouped>& grouped,
                    std::vector<c10::intrusive_ptr<c10d::Work>>& posted);
   void refuseIfAborted() const;
+  // Held while Gloo runs a call of this communicator's (on the host stream's executor): abort()
+  // lets go of gloo_ only while none is held, or as the last one ends.
+  class InGloo {
+   public:
+    explicit InGloo(HostCommunicator& communicator);
+    ~InGloo();
+    InGloo(const InGloo&) = delete;
+    InGloo& operator=(const InGloo&) = delete;
+
+   private:
+    HostCommunicator& communicator_;
+  };
+  // With glooMutex_ held: gloo_, once aborted and out of Gloo, to be let go of without it.
+  c10::intrusive_ptr<c10d::Backend> releasable();
   // A copy of `input` that Gloo may overwrite (a non-root rank's reduce), in a buffer kept for
   // the next one: a fresh allocation of a large buffer costs more than the copy itself.
   at::Tensor copyToScratch(const at::Tensor& input);
   static constexpr int64_t kKeptScratchBytes = 64 << 20;  // larger ones are not kept
 
-  const c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::mutex glooMutex_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;  // null once let go of (abort())
+  int inGloo_ = 0;                          // calls in Gloo now (InGloo)
+  const int rank_;
   const int tag_;
   const std::shared_ptr<LazyGloo> opened_;
   std::atomic<bool> aborted_{false};

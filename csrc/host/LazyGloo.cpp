@@ -45,9 +45,24 @@ std::string LazyGloo::openedKey(int rank) const {
   return "streamnccl-opened/" + std::to_string(rank);
 }
 
+void LazyGloo::close() {
+  closed_.store(true);
+  c10::intrusive_ptr<c10d::Backend> released;  // let go of after the lock
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (lock.owns_lock()) {
+    released = std::move(gloo_);
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> LazyGloo::get() {
+  if (closed_.load()) {
+    throwDistBackendError("the host path was closed (its group broke)");
+  }
   // Held while making: every path of the group waits for the one Gloo.
   std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_.load()) {  // while this waited: not made again
+    throwDistBackendError("the host path was closed (its group broke)");
+  }
   if (!gloo_) {
     c10::intrusive_ptr<c10d::Backend> made;
     try {
@@ -62,6 +77,9 @@ c10::intrusive_ptr<c10d::Backend> LazyGloo::get() {
     // Gloo has put this rank's address in the store: the others may now connect to it.
     store_->set(openedKey(rank_), std::vector<uint8_t>{1});
     gloo_ = std::move(made);
+  }
+  if (closed_.load()) {  // while this made it: the caller's is the last reference
+    return std::exchange(gloo_, {});
   }
   return gloo_;
 }

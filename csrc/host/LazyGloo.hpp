@@ -40,6 +40,11 @@ class LazyGloo {
   // The backend, made by the first call. A failure to make it raises a DistBackendError with
   // the cause (the group then breaks, as at a failed NCCL init).
   c10::intrusive_ptr<c10d::Backend> get();
+  // Lets go of the backend (its communicators let go of theirs as they are aborted): once the
+  // last goes, Gloo closes its connections, and a peer waiting in an exchange with this rank
+  // learns at once that it is over, rather than at its timeout. Later get()s raise. Never
+  // waits for a get() under way (which may wait for the GIL): that one lets go as it returns.
+  void close();
   // Returns once `peer` (every other member, when nullopt) has opened its Gloo; raises a
   // DistBackendError after the group's timeout, or once `aborted()` says so.
   void awaitOpen(std::optional<int> peer, const std::function<bool()>& aborted);
@@ -65,6 +70,7 @@ class LazyGloo {
   c10::intrusive_ptr<c10d::Store> store_;
   std::mutex mutex_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::atomic<bool> closed_{false};
   // Which members are known to have opened theirs (all, for one made already).
   std::unique_ptr<std::atomic<bool>[]> seenOpen_;
   std::atomic<bool> allSeenOpen_{false};

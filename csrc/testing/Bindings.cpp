@@ -177,7 +177,8 @@ void bindRecording(py::module_& m) {
          int deviceIndex, int computeCapability, bool enableTiming, int traceBufferSize,
          bool debugChecks, std::optional<std::string> dumpDir, bool singleHardwareQueue,
          bool checkInflightWrites, const std::map<std::string, bool>& models,
-         std::optional<Options::NcclConfig> config, const std::string& groupName) {
+         std::optional<Options::NcclConfig> config, const std::string& groupName,
+         bool propagateErrors) {
         if (!world) {
           world = std::make_shared<fake::FakeNcclWorld>(/*simulatePeers=*/true, modelsFrom(models));
         }
@@ -192,6 +193,7 @@ void bindRecording(py::module_& m) {
         options->dumpDir = std::move(dumpDir);
         options->singleHardwareQueue = singleHardwareQueue;
         options->checkInflightWrites = checkInflightWrites;
+        options->propagateErrors = propagateErrors;
         if (config) {
           options->ncclConfig = *config;
         }
@@ -211,7 +213,9 @@ void bindRecording(py::module_& m) {
       py::arg("debug_checks") = false, py::arg("dump_dir") = py::none(),
       py::arg("single_hardware_queue") = false, py::arg("check_inflight_writes") = false,
       py::arg("models") = std::map<std::string, bool>{}, py::arg("config") = py::none(),
-      py::arg("group_name") = "");
+      py::arg("group_name") = "",
+      // Off unless asked: a lone fake group's peers (mirrors of it) answer no roll call.
+      py::arg("propagate_errors") = false);
 
   // For `python -m streamnccl.bench.launch`: the NCCL path over CUDA and NCCL calls that do
   // nothing (fake/NoOpDevice.hpp), its tensors CPU tensors: one rank, streamnccl's own cost.

@@ -36,6 +36,7 @@ class Options(dist.Backend.Options):
     enable_timing: bool | None
     single_hardware_queue: bool | None
     check_inflight_writes: bool | None
+    propagate_errors: bool | None
     config: NcclConfig
     def __init__(
         self,
@@ -49,6 +50,7 @@ class Options(dist.Backend.Options):
         single_hardware_queue: bool | None = None,
         check_inflight_writes: bool | None = None,
         config: NcclConfig | None = None,
+        propagate_errors: bool | None = None,
     ) -> None: ...
     def resolved(self) -> Options: ...
     def __copy__(self) -> Options: ...
