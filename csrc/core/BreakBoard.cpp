@@ -174,11 +174,6 @@ BreakBoard::News BreakBoard::announce(const std::optional<std::string>& ownError
   return news;
 }
 
-BreakBoard::News BreakBoard::news() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return news_.value_or(News{});
-}
-
 std::vector<int> BreakBoard::awaitAnswers() {
   const auto deadline = std::chrono::steady_clock::now() + kRollCall;
   while (true) {
@@ -210,8 +205,9 @@ void BreakBoard::unreachable(const char* what, const std::exception& error) {
                << "): this group's ops end at their own timeout";
 }
 
-std::string BreakBoard::describe(const Post& post) {
-  return "the group broke on rank " + std::to_string(post.rank) + ": " + post.what;
+std::string BreakBoard::describe(const Post& post, const std::string& when) {
+  return "the group broke " + (when.empty() ? "" : when + " ") + "on rank " +
+         std::to_string(post.rank) + ": " + post.what;
 }
 
 std::string BreakBoard::describeSilent(const std::vector<int>& silent) {

@@ -62,8 +62,6 @@ class BreakBoard {
   // the roll call and, with `rollCall`, waits up to kRollCall for every rank's answer. Once per
   // board: a later call returns what the first found. Never throws.
   News announce(const std::optional<std::string>& ownError, bool rollCall = true);
-  // What announce() found (empty before, or without one).
-  News news();
   // The watcher's look: the break another rank posted, once there is one; nullopt otherwise,
   // and for good after announce() or once the Store is found unreachable.
   std::optional<Post> look();
@@ -74,8 +72,10 @@ class BreakBoard {
   void setOnPosted(std::function<void(const Post&)> onPosted);
   void posted(const Post& post);
 
-  // "the group broke on rank 3: ..." and "; rank 3 did not answer ...", for errors.
-  static std::string describe(const Post& post);
+  int rank() const { return rank_; }
+  // "the group broke on rank 3: ..." ("broke first on", with `when` "first") and "; rank 3 did
+  // not answer ...", for errors.
+  static std::string describe(const Post& post, const std::string& when = "");
   static std::string describeSilent(const std::vector<int>& silent);
 
   BreakBoard(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size,

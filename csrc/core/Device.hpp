@@ -107,6 +107,9 @@ class Device {
   // Whether a task runs when its stream reaches it (the host's worker), rather than when it is
   // issued (CUDA, where it only enqueues kernels): then its running means the op has started.
   virtual bool tasksRunInStreamOrder() const { return true; }
+  // Whether Event::block() holds the calling thread until the event passes (the host, whose
+  // streams are threads), rather than ordering the caller's stream after it (CUDA).
+  virtual bool joinBlocksCaller() const { return false; }
   // Issues `kernel` on the calling thread's current stream, as ATen issues its kernels. A
   // device whose streams are its threads runs it at once.
   virtual void launch(const Kernel& kernel, c10::ArrayRef<at::Tensor> outputs,

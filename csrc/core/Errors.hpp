@@ -29,6 +29,28 @@ namespace streamnccl {
   C10_THROW_ERROR(DistBackendError, message);
 }
 
+// A communicator's own deadline passed (Gloo's, on the host path): the group breaks as at the
+// watchdog's, and getError() says TIMEOUT.
+class TimeoutError : public c10::DistBackendError {
+ public:
+  using c10::DistBackendError::DistBackendError;
+};
+
+[[noreturn]] inline void throwTimeoutError(const std::string& message) {
+  throw TimeoutError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                     message);
+}
+
+inline bool isTimeout(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 // The text of an exception in flight, for wrapping it into a message of our own.
 inline std::string describeException(const std::exception_ptr& error) {
   try {

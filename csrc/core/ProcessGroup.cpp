@@ -589,9 +589,11 @@ void ProcessGroup::runTask(Work& work, const Steps& steps, Communicator& communi
     const std::exception_ptr cause = std::current_exception();
     watchdog.health().recorder().failed(info.traceId, describeException(cause));
     // The op fails once the group's dump is written: whoever learns of it finds the dump.
-    watchdog.breakGroup(info, work.failureFor(cause), [&](const std::string& news) {
-      work.fail(Watchdog::withNews(cause, news));
-    });
+    watchdog.breakGroup(
+        info, work.failureFor(cause),
+        [&](const std::string& news) { work.fail(Watchdog::withNews(cause, news)); },
+        Watchdog::BreakAs{isTimeout(cause) ? GroupHealth::Cause::Timeout
+                                           : GroupHealth::Cause::Fault});
   }
 }
 

@@ -322,15 +322,21 @@ std::exception_ptr Watchdog::withNews(std::exception_ptr cause, const std::strin
   return makeDistBackendError(describeException(cause) + news);
 }
 
-std::string Watchdog::shareBreak(const std::exception_ptr& error, BreakAs as) {
+std::string Watchdog::shareBreak(const std::exception_ptr& error, BreakAs& as) {
   if (!board_ || !as.shared) {
     return {};
   }
-  std::optional<std::string> mine;
-  if (as.cause != GroupHealth::Cause::Remote) {
-    mine = describeException(error);
+  const bool learned = as.cause == GroupHealth::Cause::Remote;
+  const BreakBoard::News news = board_->announce(
+      learned ? std::nullopt : std::optional(describeException(error)), as.rollCall);
+  std::string text;
+  if (!learned && news.first && news.first->rank != board_->rank()) {
+    // Another rank's break was posted before this one's: this fault is likely its echo (a peer
+    // that closed its connections as its group broke), and the group's break came from there.
+    as.cause = GroupHealth::Cause::Remote;
+    text = "; " + BreakBoard::describe(*news.first, "first");
   }
-  return BreakBoard::describeSilent(board_->announce(mine, as.rollCall).silent);
+  return text + BreakBoard::describeSilent(news.silent);
 }
 
 void Watchdog::learnBreak(const BreakBoard::Post& post) {
@@ -348,6 +354,10 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
   if (broke) {
     news = shareBreak(error, as);
     error = withNews(error, news);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      breakNews_ = news;  // for the calls that lost the claim
+    }
     try {
       health_->breakWith(group, error, as.cause);  // returns once the evidence is written
     } catch (const std::exception& e) {  // the evidence failed to write: the group still breaks
@@ -355,7 +365,8 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
     }
   } else {
     health_->awaitBreak();
-    news = board_ ? BreakBoard::describeSilent(board_->news().silent) : "";
+    std::lock_guard<std::mutex> lock(mutex_);
+    news = breakNews_;
   }
   const std::string reason = "the group broke: " + describeException(error);
   Works failing;

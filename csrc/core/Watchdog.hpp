@@ -162,7 +162,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   void learnBreak(const BreakBoard::Post& post);
   // breakGroup()'s sharing of the break it claimed: posts it (unless learned from the board),
   // then returns the roll call's news. Empty without a board, or for a break not shared.
-  std::string shareBreak(const std::exception_ptr& error, BreakAs as);
+  // A local fault whose break another rank posted first becomes Remote in `as`.
+  std::string shareBreak(const std::exception_ptr& error, BreakAs& as);
   OpInfo describeGroup();
   // One period of the thread: waits for it, then check(); false once stop() was called.
   bool waitThenCheck();
@@ -203,6 +204,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   bool aborted_ = false;
   std::once_flag abortOnce_;
   std::string brokenReason_;  // set once the group is broken
+  std::string breakNews_;     // what the break's roll call found, for every op's error
   // Where the group's break is: None -> FailingOps (the break that won took the ops in flight,
   // on thread breaker_) -> OpsFailed (every one of them failed; a caller that stops kernels
   // after a break that lost waits for this). No other transition.

@@ -216,6 +216,10 @@ void Work::synchronize() {
   } else if (holding_.load(std::memory_order_acquire) && pollEnd() == EndState::Passed) {
     releaseTensors();
   }
+  forgetInTorch();
+}
+
+void Work::forgetInTorch() {
   if (c10d::allow_inflight_collective_as_graph_input()) {
     // Registered by c10d's op under that context; the waiter is done with it.
     c10d::unregister_work(c10::intrusive_ptr<Work>::unsafe_reclaim_from_nonowning(this));
@@ -267,6 +271,12 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
       std::rethrow_exception(exception());
     }
   }
+  if (end_ && !captured_ && timeout == kNoTimeout && !blockHostOnWait_ && joinOnWait_ &&
+      device_->joinBlocksCaller()) {
+    // Joining would hold the caller until the op's end: waited for so that a failure meanwhile
+    // (the group's break, learned from another rank) is raised at once, below.
+    waitForEndOrFailure();
+  }
   if (end_ && !captured_ && (blockHostOnWait_ || timeout != kNoTimeout)) {
     const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
     if (!waitForEnd(limit)) {
@@ -281,6 +291,13 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
       std::rethrow_exception(error);
     }
   }
+  if (auto failure = exception()) {
+    // Raised without joining the op: on the host path, a Gloo exchange whose peer never comes
+    // returns only at Gloo's own timeout, and the caller must learn of the failure (the group's
+    // break, at once) now. Its tensors are still held until its end (the watchdog's).
+    forgetInTorch();
+    std::rethrow_exception(failure);
+  }
   // The caller's stream at the time of wait() joins the op; on CUDA the host goes on. The
   // tensors go only once the op's end has passed: until then its kernels may still use them.
   // A captured op's go once joined: later work on the caller's stream, in the graph too, then
@@ -288,6 +305,12 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
   synchronize();
   if (auto failure = exception()) {
     std::rethrow_exception(failure);
+  }
+}
+
+void Work::waitForEndOrFailure() {
+  constexpr auto kSlice = std::chrono::milliseconds(10);
+  while (!end_->synchronize(kSlice) && !exception()) {
   }
 }
 

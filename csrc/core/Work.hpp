@@ -85,6 +85,8 @@ class Work : public c10d::Work {
   // The same as synchronize(), as ProcessGroupNCCL's Work does: c10d's default would launch a
   // kernel released by the future's completion, and this future completes at issue.
   void blockCurrentStream() override { synchronize(); }
+  // Takes the op out of torch's registry of ops in flight, where it is registered.
+  void forgetInTorch();
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   // Whether wait(timeout) returns at once: a sync op's plain wait(), which reports what is known
   // of the op and touches neither its device nor a lock held while the GIL is needed. Python's
@@ -147,6 +149,8 @@ class Work : public c10d::Work {
   void refuseWaitInsideCapture(const c10::Stream& current);
   // Blocks the host until `end` has passed or the op has failed (true), or `limit` passes.
   bool waitForEnd(std::chrono::milliseconds limit);
+  // The same, without a limit.
+  void waitForEndOrFailure();
   // wait()'s steps; raises the op's failure, and whatever the device raised.
   void waitOrRaise(std::chrono::milliseconds timeout);
   // Whether wait(timeout) queries the op's end (see waitOrRaise()).

@@ -51,6 +51,20 @@ c10d::ReduceOp toGloo(ReduceKind kind) {
                         " before the host communicator");
 }
 
+// Waits for a Gloo call. Its deadline (the group's timeout) passing is raised as a TimeoutError,
+// as the watchdog's would be (Gloo says so only in its message: "Timed out waiting ...").
+void waitForGloo(const c10::intrusive_ptr<c10d::Work>& work) {
+  try {
+    work->wait();
+  } catch (const std::exception&) {
+    const std::string what = describeException(std::current_exception());
+    if (what.find("Timed out") != std::string::npos) {
+      throwTimeoutError(what);
+    }
+    throw;
+  }
+}
+
 // The buffer itself when the op may write into it, else `output` with the input copied in.
 const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
   if (!input.is_same(output)) {
@@ -108,7 +122,7 @@ void HostCommunicator::issue(std::optional<int> peer, Post post) {
     opened_->awaitOpen(peer, [this] { return aborted_.load(); });
   }
   InGloo inGloo(*this);
-  post()->wait();
+  waitForGloo(post());
 }
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
@@ -219,7 +233,7 @@ int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*
   std::vector<at::Tensor> tensors{output};
   InGloo inGloo(*this);
   auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
-  work->wait();
+  waitForGloo(work);
   return work->sourceRank();
 }
 
@@ -256,7 +270,7 @@ void HostCommunicator::groupEnd() {
   // Whatever happens, what was posted is waited for: Gloo still uses its buffers.
   auto waitPosted = [&posted] {
     for (auto& work : posted) {
-      work->wait();
+      waitForGloo(work);
     }
   };
   try {
@@ -264,7 +278,7 @@ void HostCommunicator::groupEnd() {
   } catch (...) {
     for (auto& work : posted) {
       try {
-        work->wait();
+        waitForGloo(work);
       } catch (...) {  // the first failure is the one to report
       }
     }

@@ -19,6 +19,7 @@ class HostDevice final : public Device {
   std::unique_ptr<Event> createEvent() override;
   std::unique_ptr<Event> createTimedEvent() override;
   void enqueue(c10::Stream stream, Task task) override;
+  bool joinBlocksCaller() const override { return true; }
 
  private:
   static c10::Stream stream(c10::StreamId id) {
