@@ -71,6 +71,7 @@ ProcessGroup::ProcessGroup(Key /*key*/, int rank, int size,
       inflightWrites_(options_->useInflightWriteChecks() ? std::make_shared<InflightWrites>()
                                                          : nullptr),
       uid_(groupsMade++) {
+  timed_.store(options_->useTiming());
   globalRanks_.resize(size);
   std::iota(globalRanks_.begin(), globalRanks_.end(), 0);
 }
@@ -697,7 +698,10 @@ c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps st
   Task task(runNow, keep);
 
   // Timed ops are timed on their stream, from an event before the op to its end event.
-  const bool timed = options_->useTiming() && !captured;
+  const bool timed = timed_.load(std::memory_order_relaxed) && !captured;
+  if (watchdog_->completionHooks().active()) {
+    work->noteIssued(std::chrono::steady_clock::now());
+  }
   if (!launch.async) {
     std::unique_ptr<Event> start;
     if (timed) {

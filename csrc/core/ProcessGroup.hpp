@@ -75,6 +75,16 @@ class ProcessGroup final : public c10d::Backend {
   // SUCCESS until the group breaks; then TIMEOUT or COMM_ERROR where it broke, REMOTE_ERROR
   // where the break was learned from another rank (BreakBoard.hpp).
   c10d::ErrorType getError() override { return health_->errorType(); }
+  // torch's _register_on_completion_hook (CompletionHooks.hpp); ops are timed from now on,
+  // for the hook's active duration.
+  void registerOnCompletionHook(
+      std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
+  // Returns once every op issued so far has ended and the completion hooks have been told of
+  // them, or the group broke; raises after the group's timeout (torch calls it before
+  // destroying a group with hooks).
+  void waitForPendingWorks() override;
+  // torch's _enable_collectives_timing: ops are timed from now on, as with enable_timing.
+  void enableCollectivesTiming() override { timed_.store(true); }
   bool supportsSplitting() const override { return true; }
   // A new group of `ranks` (this group's ranks) with paths of its own, or null when this
   // rank is not among them. Collective over every rank of this group, in the same order on
@@ -461,6 +471,8 @@ class ProcessGroup final : public c10d::Backend {
   // Once shrunk, its communicators are aborted at close rather than finalized: finalizing
   // waits for every member, and the ranks left out take no part.
   std::atomic<bool> shrunk_{false};
+  // Ops are timed (Options::enableTiming, enableCollectivesTiming(), a completion hook).
+  std::atomic<bool> timed_{false};
 };
 
 }  // namespace streamnccl

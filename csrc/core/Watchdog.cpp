@@ -88,17 +88,17 @@ void Watchdog::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
-  std::lock_guard<std::mutex> lock(joinMutex_);  // one joiner at a time
-  if (!thread_.joinable()) {
-    return;
+  {
+    std::lock_guard<std::mutex> lock(joinMutex_);  // one joiner at a time
+    // On the watchdog's own thread (~Watchdog at the end of its period): joining would wait
+    // for ourselves, and a std::thread destroyed joinable ends the process.
+    if (thread_.joinable() && thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else if (thread_.joinable()) {
+      thread_.join();
+    }
   }
-  // On the watchdog's own thread (~Watchdog at the end of its period): joining would wait for
-  // ourselves, and a std::thread destroyed joinable ends the process.
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();
-  } else {
-    thread_.join();
-  }
+  hooks_->stop();  // after the thread: the ops it retired last are told too
 }
 
 OpInfo Watchdog::describeGroup() {
@@ -460,6 +460,9 @@ void Watchdog::retire(Work& work, RecorderClock& clock) {
     }
     health_->recorder().completed(work.info().traceId, duration, clock);
     stats_->ended(work.retrieveOpType(), /*succeeded=*/true, duration);
+    if (hooks_->active()) {
+      hooks_->completed(work.retrieveOpType(), work.getSequencenumber(), work.issuedAt(), duration);
+    }
   } else {
     health_->recorder().failed(work.info().traceId, describeException(work.exception()));
     stats_->ended(work.retrieveOpType(), /*succeeded=*/false, std::nullopt);

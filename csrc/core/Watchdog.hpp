@@ -38,6 +38,7 @@
 
 #include "core/BreakBoard.hpp"
 #include "core/Communicator.hpp"
+#include "core/CompletionHooks.hpp"
 #include "core/GroupHealth.hpp"
 #include "core/GroupStats.hpp"
 #include "core/Work.hpp"
@@ -76,6 +77,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   void describeGroupAs(const OpInfo& group);
 
   GroupHealth& health() { return *health_; }
+  CompletionHooks& completionHooks() { return *hooks_; }
 
   // A communicator of the group: polled for asynchronous errors, aborted when the group
   // breaks, at once if it is broken already; a fault it meets outside an op breaks the group.
@@ -192,7 +194,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   const std::shared_ptr<GroupHealth> health_;
   const std::shared_ptr<GroupStats> stats_;
   const std::shared_ptr<BreakBoard> board_;  // null: breaks stay on this rank
-  std::mutex describeMutex_;                 // describeGroup_ is replaced by describeGroupAs()
+  const std::shared_ptr<CompletionHooks> hooks_ = std::make_shared<CompletionHooks>();
+  std::mutex describeMutex_;  // describeGroup_ is replaced by describeGroupAs()
   std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;

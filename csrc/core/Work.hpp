@@ -94,6 +94,9 @@ class Work : public c10d::Work {
   bool waitReturnsAtOnce(std::chrono::milliseconds timeout) const;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return info_.seq; }
+  // When the op was issued, for completion hooks (noted only while some are registered).
+  void noteIssued(std::chrono::steady_clock::time_point at) { issuedAt_ = at; }
+  std::chrono::steady_clock::time_point issuedAt() const { return issuedAt_; }
   // Milliseconds from the op's start to its end on its stream; raises unless the op is timed
   // and has completed.
   float getDuration() const override;
@@ -160,6 +163,7 @@ class Work : public c10d::Work {
   const std::shared_ptr<Device> device_;
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point issuedAt_;
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // see expiredBy()
   const bool blockHostOnWait_;
   const std::weak_ptr<Watchdog> watchdog_;
