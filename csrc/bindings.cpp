@@ -11,6 +11,8 @@
 #include "cuda/CudaPath.hpp"
 #include "cuda/NcclCommunicator.hpp"
 
+#include <ATen/cuda/MemPool.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -81,6 +83,60 @@ LazyGloo::Open glooOpener(py::function open) {
     }
   };
 }
+
+using Segments = std::vector<std::pair<void*, size_t>>;
+
+// The memory handed to _register_memory: (address, bytes) pairs of Python ints.
+Segments segmentsOf(const std::vector<std::pair<uintptr_t, size_t>>& raw) {
+  Segments segments;
+  for (const auto& [address, bytes] : raw) {
+    segments.emplace_back(reinterpret_cast<void*>(address), bytes);
+  }
+  return segments;
+}
+
+#ifdef STREAMNCCL_WITH_NCCL
+// The segments of a torch.cuda.MemPool now, and the device they are on.
+std::pair<c10::Device, Segments> poolSegments(at::cuda::MemPool& pool) {
+  const c10::Device device(c10::kCUDA, pool.device());
+  Segments segments;
+  for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot(pool.id()).segments) {
+    TORCH_INTERNAL_ASSERT(segment.device == pool.device(),
+                          "streamnccl: a segment of the MemPool of ", device,
+                          " is on cuda:", static_cast<int>(segment.device));
+    segments.emplace_back(reinterpret_cast<void*>(segment.address), segment.total_size);
+  }
+  return {device, std::move(segments)};
+}
+
+// register_mem_pool and deregister_mem_pool, as ProcessGroupNCCL has them: every segment the
+// pool has at the call (not those it grows later).
+void bindMemPools(py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>& group) {
+  group
+      .def(
+          "register_mem_pool",
+          [](ProcessGroup& self, at::cuda::MemPool& pool, bool symm) {
+            TORCH_CHECK_NOT_IMPLEMENTED(!symm, "streamnccl register_mem_pool: symm=True (NCCL's ",
+                                        "symmetric windows) is not supported; expected False");
+            auto [device, segments] = poolSegments(pool);
+            self.registerMemory(device, segments);
+          },
+          py::arg("pool"), py::arg("symm") = false, py::call_guard<py::gil_scoped_release>(),
+          "Registers the pool's segments with the group's NCCL communicator of its device.")
+      .def(
+          "deregister_mem_pool",
+          [](ProcessGroup& self, at::cuda::MemPool& pool) {
+            auto [device, segments] = poolSegments(pool);
+            std::vector<void*> addresses;
+            for (const auto& segment : segments) {
+              addresses.push_back(segment.first);
+            }
+            self.deregisterMemory(device, addresses);
+          },
+          py::arg("pool"), py::call_guard<py::gil_scoped_release>(),
+          "Deregisters what register_mem_pool registered, once the ops that may use it ran.");
+}
+#endif
 
 py::dict buildInfo() {
   py::dict info;
@@ -192,7 +248,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("timeout") = kNoTimeout,
       "Waits for the op as c10d's Work.wait() does (see the README's stream contract).");
 
-  py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>(m, "ProcessGroup")
+  py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>> group(m, "ProcessGroup");
+  group
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const Options& options,
                        py::function openGloo, const std::string& groupName) {
@@ -244,7 +301,29 @@ PYBIND11_MODULE(_C, m) {
       .def("_split_without", &ProcessGroup::splitWithout, py::arg("device"), py::arg("agreement"),
            py::call_guard<py::gil_scoped_release>())
       .def("_refuse_split", &ProcessGroup::refuseSplit, py::arg("agreement"), py::arg("why"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      // What register_mem_pool and deregister_mem_pool do with a pool's segments, for memory
+      // of any device the group has a communicator on (the fake GPU's tests use it).
+      .def(
+          "_register_memory",
+          [](ProcessGroup& self, const c10::Device& device,
+             const std::vector<std::pair<uintptr_t, size_t>>& segments) {
+            self.registerMemory(device, segmentsOf(segments));
+          },
+          py::arg("device"), py::arg("segments"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "_deregister_memory",
+          [](ProcessGroup& self, const c10::Device& device, const std::vector<uintptr_t>& raw) {
+            std::vector<void*> addresses;
+            for (uintptr_t address : raw) {
+              addresses.push_back(reinterpret_cast<void*>(address));
+            }
+            self.deregisterMemory(device, addresses);
+          },
+          py::arg("device"), py::arg("addresses"), py::call_guard<py::gil_scoped_release>());
+#ifdef STREAMNCCL_WITH_NCCL
+  bindMemPools(group);
+#endif
 
   m.def("_build_info", &buildInfo, "What this build of the extension contains.");
   m.def(

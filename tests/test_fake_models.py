@@ -53,6 +53,12 @@ LOAD_BEARING = {
     "split": [
         "test_nccl_split.py::test_split_group_splits_the_parents_communicator_into_each_part"
     ],
+    "registration": [
+        "test_nccl_memory.py::test_registration_memory_freed_while_registered_is_reported",
+        "test_nccl_memory.py::test_registration_deregistering_under_a_queued_kernel_is_reported",
+        "test_nccl_memory.py::"
+        "test_registration_a_handle_deregistered_twice_or_on_another_communicator_is_reported",
+    ],
     "single_queue": [
         "test_nccl_lifecycle.py::test_with_one_hardware_queue_a_swap_times_out_naming_the_lanes"
     ],

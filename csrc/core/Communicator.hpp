@@ -130,6 +130,18 @@ class Communicator {
   // A fault the communicator found on its own, outside any call (NCCL's asynchronous
   // errors), described; empty when there is none. Polled by the watchdog.
   virtual std::string asyncError() = 0;
+
+  // Registers `bytes` of memory at `address` with the communicator (NCCL's ncclCommRegister),
+  // so that its ops use it in place; once per address until deregistered. Not collective.
+  // Communicators without registration refuse it, naming `who`.
+  virtual void registerMemory(void* /*address*/, size_t /*bytes*/, const std::string& who) {
+    TORCH_CHECK(false, who, ": this path's communicator registers no memory (NCCL only)");
+  }
+  // Ends the registration of `address` (NCCL's ncclCommDeregister). The caller has made sure
+  // that no op using the memory is still queued: NCCL would unmap it under a running kernel.
+  virtual void deregisterMemory(void* /*address*/, const std::string& who) {
+    TORCH_CHECK(false, who, ": this path's communicator registers no memory (NCCL only)");
+  }
 };
 
 // Brackets communicator calls into one group, and ends it even when a call in it throws: NCCL's

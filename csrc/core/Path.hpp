@@ -10,6 +10,7 @@
 #include "core/Device.hpp"
 #include "core/Options.hpp"
 
+#include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -102,6 +103,14 @@ class PathFactory {
   }
   // This rank's part in a split of this group into a subgroup it is not a member of.
   virtual void splitWithout(const SplitOf& /*of*/) {}
+
+  // The allocator of memory this factory's communicators register best (NCCL: ncclMemAlloc),
+  // for c10d's getMemAllocator(); null where there is none, and whyNoMemAllocator() says why.
+  virtual std::shared_ptr<c10::Allocator> memAllocator() { return nullptr; }
+  virtual std::string whyNoMemAllocator() { return "only the NCCL path allocates memory"; }
+  // Whether memAllocator() can allocate on the device of this factory's type with index
+  // `index` (c10d's supportsTensorAlloc).
+  virtual bool supportsTensorAlloc(c10::DeviceIndex /*index*/) { return false; }
 
   // The paths of this group without its ranks `excluded` (sorted), for `survivors` (the
   // others, sorted, this rank among them), whose connections meet through `store`. `opened`

@@ -144,6 +144,20 @@ class ProcessGroup final : public c10d::Backend {
   // the first op. Collective: every rank calls it.
   void eagerConnectSingleDevice(at::Device device) override;
 
+  // GroupMemory.cpp: memory NCCL registers best (ncclMemAlloc), and its registration with the
+  // group's communicator of a device, as ProcessGroupNCCL has them.
+  std::shared_ptr<c10::Allocator> getMemAllocator() override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
+  // Registers each (address, bytes) with the communicator of `device` (opened already: not
+  // collective), all or none; register_mem_pool's segments.
+  void registerMemory(const c10::Device& device,
+                      const std::vector<std::pair<void*, size_t>>& segments);
+  // Ends those registrations, once the ops issued on the communicator so far have run (NCCL
+  // would unmap the memory under their kernels); captured ops are not waited for. Nothing to
+  // do once the group is broken or shut down: NCCL released them with the communicator.
+  void deregisterMemory(const c10::Device& device, const std::vector<void*>& addresses);
+
   // Makes `path` this group's path for `device`, as if opened at a first op (a split or shrunk
   // group's paths made from its parent's by `op`).
   void adoptPath(const c10::Device& device, std::unique_ptr<Path> path, const char* op);
@@ -405,6 +419,8 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> splitStore(const std::string& name) const;
   // `of` with only the opened paths of devices of `type`.
   static PathFactory::SplitOf ofType(const PathFactory::SplitOf& of, c10::DeviceType type);
+  // The path of `device` opened already, for registering memory with its communicator.
+  Path& openedPathFor(const c10::Device& device, const char* op);
 
   struct LaneKeyHash {
     size_t operator()(const std::pair<c10::Device, int>& key) const {

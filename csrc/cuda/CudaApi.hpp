@@ -28,6 +28,8 @@ class CudaApi {
   virtual ~CudaApi() = default;
   static std::shared_ptr<CudaApi> runtime();
 
+  // The type of the tensors the NCCL path moves: CUDA (the fakes': CPU, on a fake GPU).
+  virtual c10::DeviceType tensorsType() const { return c10::kCUDA; }
   // Throws c10::Error with the reason when this process cannot use `device`.
   virtual void checkUsable(const c10::Device& device) = 0;
   // Makes `device` the calling thread's current device until the scope ends, then the previous

@@ -50,6 +50,11 @@ class CudaPathFactory final : public PathFactory {
                   const std::vector<int>& excluded,
                   const std::vector<std::pair<c10::Device, Path*>>& opened, bool abortInFlight,
                   const c10::intrusive_ptr<Options>& options) override;
+  // NcclMemory.cpp: memory from ncclMemAlloc (made once, on first use), where this process
+  // has a GPU and the NCCL loaded has ncclMemAlloc.
+  std::shared_ptr<c10::Allocator> memAllocator() override;
+  std::string whyNoMemAllocator() override;
+  bool supportsTensorAlloc(c10::DeviceIndex index) override;
 
  private:
   const std::shared_ptr<NcclApi> nccl_;
@@ -64,6 +69,8 @@ class CudaPathFactory final : public PathFactory {
   int communicatorsOpened_ = 0;
   // Likewise per peer: the n-th lanes two ranks open to each other meet under the same keys.
   std::unordered_map<int, int> lanesOpened_;
+  std::once_flag allocatorMade_;
+  std::shared_ptr<c10::Allocator> allocator_;
 };
 
 }  // namespace streamnccl

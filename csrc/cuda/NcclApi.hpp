@@ -79,6 +79,23 @@ class NcclApi {
   virtual ncclResult_t redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                             ncclScalarResidence_t residence, ncclComm_t comm) = 0;
   virtual ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) = 0;
+
+  // Memory NCCL can register, and its registration with a communicator (NCCL 2.19+, looked up
+  // at run time as commShrink is): whether the NCCL loaded has all four functions below.
+  virtual bool hasMemAlloc() = 0;
+  // On the calling thread's current device.
+  virtual ncclResult_t memAlloc(void** ptr, size_t size) = 0;
+  // Memory still registered with a communicator must be deregistered first: NCCL keeps its
+  // mappings of it until then.
+  virtual ncclResult_t memFree(void* ptr) = 0;
+  // Registers `size` bytes at `buff` with `comm`, so that its collectives use the memory in
+  // place (NVLink SHARP, zero-copy). Not collective. Registering memory again hands out the
+  // same handle, counted: each registration needs its deregistration. A null handle means
+  // NCCL registers nothing (NCCL_LOCAL_REGISTER=0).
+  virtual ncclResult_t commRegister(ncclComm_t comm, void* buff, size_t size, void** handle) = 0;
+  // Ends one registration of `handle` on `comm`, the one it was made on. NCCL does not wait
+  // for the communicator's kernels: none still queued may use the memory.
+  virtual ncclResult_t commDeregister(ncclComm_t comm, void* handle) = 0;
 };
 
 }  // namespace streamnccl

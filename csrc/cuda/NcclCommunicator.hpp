@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,9 @@ class NcclCommunicator final : public Communicator {
   void noteCaptured() override { connection_->noteCaptured(); }
   const std::string& key() const override { return key_; }
   std::string asyncError() override { return connection_->asyncError(); }
+  // NcclMemory.cpp: ncclCommRegister and ncclCommDeregister, the handles kept by address.
+  void registerMemory(void* address, size_t bytes, const std::string& who) override;
+  void deregisterMemory(void* address, const std::string& who) override;
 
  private:
   // shrunk()'s and split()'s: the communicator NCCL makes from this one as `origin` says,
@@ -143,6 +148,8 @@ class NcclCommunicator final : public Communicator {
   const bool allToAllLoaded_;         // the NCCL loaded has ncclAlltoAll
   const std::shared_ptr<NcclConnection> connection_;
   int groupDepth_ = 0;  // touched by the one task issuing on this communicator at a time
+  std::mutex registrationsMutex_;
+  std::map<void*, void*> registrations_;  // address -> NCCL's handle (null: none made)
 };
 
 // The NCCL version this extension was compiled against and the one loaded at run time.

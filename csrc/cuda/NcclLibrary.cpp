@@ -99,6 +99,19 @@ class NcclLibrary final : public NcclApi {
   ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) override {
     return ncclRedOpDestroy(op, comm);
   }
+  bool hasMemAlloc() override { return memory().present(); }
+  ncclResult_t memAlloc(void** ptr, size_t size) override {
+    return memory().alloc ? memory().alloc(ptr, size) : ncclInvalidUsage;
+  }
+  ncclResult_t memFree(void* ptr) override {
+    return memory().free ? memory().free(ptr) : ncclInvalidUsage;
+  }
+  ncclResult_t commRegister(ncclComm_t comm, void* buff, size_t size, void** handle) override {
+    return memory().reg ? memory().reg(comm, buff, size, handle) : ncclInvalidUsage;
+  }
+  ncclResult_t commDeregister(ncclComm_t comm, void* handle) override {
+    return memory().dereg ? memory().dereg(comm, handle) : ncclInvalidUsage;
+  }
 
  private:
   // Looked up, not linked, as ncclCommShrink: NCCL before 2.28 has none.
@@ -107,6 +120,26 @@ class NcclLibrary final : public NcclApi {
   static AllToAll allToAllSymbol() {
     static const auto allToAll = reinterpret_cast<AllToAll>(ncclSymbol("ncclAlltoAll"));
     return allToAll;
+  }
+  // Looked up, not linked, as ncclCommShrink: NCCL before 2.19 has none of them. A caller asks
+  // hasMemAlloc() first; the calls fail with ncclInvalidUsage otherwise.
+  struct Memory {
+    ncclResult_t (*alloc)(void**, size_t) = nullptr;
+    ncclResult_t (*free)(void*) = nullptr;
+    ncclResult_t (*reg)(ncclComm_t, void*, size_t, void**) = nullptr;
+    ncclResult_t (*dereg)(ncclComm_t, void*) = nullptr;
+    bool present() const { return alloc && free && reg && dereg; }
+  };
+  static const Memory& memory() {
+    static const Memory functions = [] {
+      Memory found;
+      found.alloc = reinterpret_cast<decltype(found.alloc)>(ncclSymbol("ncclMemAlloc"));
+      found.free = reinterpret_cast<decltype(found.free)>(ncclSymbol("ncclMemFree"));
+      found.reg = reinterpret_cast<decltype(found.reg)>(ncclSymbol("ncclCommRegister"));
+      found.dereg = reinterpret_cast<decltype(found.dereg)>(ncclSymbol("ncclCommDeregister"));
+      return found;
+    }();
+    return functions;
   }
 };
 

@@ -129,6 +129,8 @@ class FakeGpu {
   void stopLaunches(uint64_t comm, int rank);
   // Whether this member still has kernels of `comm` queued (ncclCommFinalize's flush).
   bool hasLaunches(uint64_t comm, int rank) const;
+  // Whether one of those still queued has a buffer that starts in [begin, end).
+  bool launchUses(uint64_t comm, int rank, uintptr_t begin, uintptr_t end) const;
   // At ncclGroupEnd: each buffer of a grouped call must still be held, since NCCL reads it
   // only now.
   void checkHeldUntilGroupEnd(const std::string& name, const std::vector<Buffer>& buffers);

@@ -131,6 +131,28 @@ bool FakeGpu::hasLaunches(uint64_t comm, int rank) const {
   return false;
 }
 
+bool FakeGpu::launchUses(uint64_t comm, int rank, uintptr_t begin, uintptr_t end) const {
+  auto within = [&](const void* pointer) {
+    const auto address = reinterpret_cast<uintptr_t>(pointer);
+    return address >= begin && address < end;
+  };
+  Lock lock(world_->mutex());
+  for (const auto& [streamId, stream] : streams_) {
+    for (const Item& item : stream.pending) {
+      if (item.kind != Item::Kind::Nccl || item.launch->comm != comm || item.launch->rank != rank ||
+          item.launch->stopped) {
+        continue;
+      }
+      for (const NcclOp& op : item.launch->ops) {
+        if (within(op.send) || within(op.recv)) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 void FakeGpu::checkHeldUntilGroupEnd(const std::string& name, const std::vector<Buffer>& buffers) {
   if (!models().memory) {
     return;

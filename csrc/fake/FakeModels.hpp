@@ -42,6 +42,10 @@ struct FakeModels {
   // shrink, made on NCCL's thread while the parent stays busy, `*newcomm` written only once it
   // is ready (off: the new communicator keeps the parent's members, made at once).
   bool split = true;
+  // NCCL's memory registration (FakeNcclMemory): ncclMemFree of registered memory, and
+  // ncclCommDeregister under a queued kernel using the memory, twice, or on another
+  // communicator, are violations (off: none is checked, and deregistration always succeeds).
+  bool registration = true;
   // CUDA_DEVICE_MAX_CONNECTIONS=1: all streams of a GPU share one hardware queue, in issue
   // order, and work that cannot run holds up everything behind it. Off by default, as on GPUs.
   bool singleQueue = false;
@@ -60,6 +64,7 @@ struct FakeModels {
                   : name == "single_queue" ? &singleQueue
                   : name == "shrink"       ? &shrink
                   : name == "split"        ? &split
+                  : name == "registration" ? &registration
                                            : nullptr;
     if (field != nullptr) {
       *field = on;

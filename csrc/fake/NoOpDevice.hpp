@@ -21,6 +21,7 @@ class NoOpCuda final : public CudaApi {
   // `tensorsDevice`: the device of the group's tensors, which its streams carry.
   explicit NoOpCuda(c10::Device tensorsDevice) : tensorsDevice_(tensorsDevice) {}
 
+  c10::DeviceType tensorsType() const override { return tensorsDevice_.type(); }
   void checkUsable(const c10::Device&) override {}
   // Always current, as CudaApi::runtime()'s is in a one-device process: nothing to scope.
   std::unique_ptr<DeviceScope> useDevice(const c10::Device&) override { return nullptr; }
@@ -108,6 +109,15 @@ class NoOpNccl final : public NcclApi {
   ncclResult_t redOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t, ncclScalarResidence_t,
                                     ncclComm_t) override;
   ncclResult_t redOpDestroy(ncclRedOp_t, ncclComm_t) override { return ncclSuccess; }
+  // No memory of its own: the launch bench allocates none through NCCL.
+  bool hasMemAlloc() override { return false; }
+  ncclResult_t memAlloc(void**, size_t) override { return ncclInvalidUsage; }
+  ncclResult_t memFree(void*) override { return ncclInvalidUsage; }
+  ncclResult_t commRegister(ncclComm_t, void*, size_t, void** handle) override {
+    *handle = nullptr;
+    return ncclSuccess;
+  }
+  ncclResult_t commDeregister(ncclComm_t, void*) override { return ncclSuccess; }
 
  private:
   std::atomic<intptr_t> comms_{0};

@@ -27,6 +27,7 @@ class RecordingCuda final : public CudaApi {
   RecordingCuda(std::shared_ptr<FakeGpu> gpu, c10::Device tensorsDevice)
       : gpu_(std::move(gpu)), tensorsDevice_(tensorsDevice) {}
 
+  c10::DeviceType tensorsType() const override { return tensorsDevice_.type(); }
   void checkUsable(const c10::Device&) override {}  // the fake device is always there
   std::unique_ptr<DeviceScope> useDevice(const c10::Device& device) override;
   int computeCapability(const c10::Device&) override { return gpu_->computeCapability(); }

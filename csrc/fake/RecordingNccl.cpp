@@ -319,6 +319,7 @@ ncclResult_t RecordingNccl::commDestroy(ncclComm_t handleValue) {
   }
   lock.lock();
   comm->destroyed = true;
+  memory_.released(number(handleValue));
   world_->markDestroyed(key, rank);
   return outcome("ncclCommDestroy");
 }
@@ -344,6 +345,7 @@ ncclResult_t RecordingNccl::commAbort(ncclComm_t handleValue) {
   // First the abort flag: this member's kernels of the communicator quit, even those a
   // graph replays.
   comm.aborted = true;  // may be still initializing or busy: abort ends that
+  memory_.released(found->first);
   for (const Pending& pending : comm.pending) {
     gpu_->clearEnqueueInProgress(pending.stream);
   }
@@ -710,6 +712,34 @@ ncclResult_t RecordingNccl::redOpDestroy(ncclRedOp_t op, ncclComm_t handleValue)
     comm->hostFactors.erase(static_cast<int>(op));
   }
   return outcome("ncclRedOpDestroy");
+}
+
+}  // namespace streamnccl::fake
+
+namespace streamnccl::fake {
+
+// Not under mutex_: deregistration looks at the GPU's queued kernels, under the world's lock.
+FakeNcclMemory::Comm RecordingNccl::memoryComm(ncclComm_t handleValue, const std::string& call,
+                                               bool& usableNow) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Comm* comm = usable(handleValue, call);
+  usableNow = comm != nullptr;
+  return usableNow ? FakeNcclMemory::Comm{number(handleValue), comm->name, comm->key, comm->rank}
+                   : FakeNcclMemory::Comm{};
+}
+
+ncclResult_t RecordingNccl::commRegister(ncclComm_t handleValue, void* buff, size_t size,
+                                         void** handle) {
+  bool usableNow = false;
+  auto comm = memoryComm(handleValue, "ncclCommRegister(" + commName(handleValue) + ")", usableNow);
+  return usableNow ? memory_.commRegister(comm, buff, size, handle) : ncclInvalidArgument;
+}
+
+ncclResult_t RecordingNccl::commDeregister(ncclComm_t handleValue, void* handle) {
+  bool usableNow = false;
+  auto comm =
+      memoryComm(handleValue, "ncclCommDeregister(" + commName(handleValue) + ")", usableNow);
+  return usableNow ? memory_.commDeregister(comm, handle) : ncclInvalidArgument;
 }
 
 }  // namespace streamnccl::fake

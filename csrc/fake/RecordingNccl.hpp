@@ -19,6 +19,7 @@
 
 #include "cuda/NcclApi.hpp"
 #include "fake/FakeGpu.hpp"
+#include "fake/FakeNcclMemory.hpp"
 #include "fake/FakeNcclWorld.hpp"
 
 #include <map>
@@ -34,7 +35,7 @@ namespace streamnccl::fake {
 class RecordingNccl final : public NcclApi {
  public:
   RecordingNccl(std::shared_ptr<FakeGpu> gpu, std::shared_ptr<FakeNcclWorld> world)
-      : gpu_(std::move(gpu)), world_(std::move(world)) {}
+      : gpu_(std::move(gpu)), world_(std::move(world)), memory_(*gpu_) {}
 
   ncclResult_t getVersion(int* version) override;
   ncclResult_t getUniqueId(ncclUniqueId* id) override;
@@ -96,6 +97,13 @@ class RecordingNccl final : public NcclApi {
   ncclResult_t redOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                     ncclScalarResidence_t residence, ncclComm_t comm) override;
   ncclResult_t redOpDestroy(ncclRedOp_t op, ncclComm_t comm) override;
+  // NCCL's memory and its registration, as FakeNcclMemory models them; an NCCL older than
+  // 2.19 has none of them.
+  bool hasMemAlloc() override { return gpu_->ncclVersion() >= NCCL_VERSION(2, 19, 0); }
+  ncclResult_t memAlloc(void** ptr, size_t size) override { return memory_.memAlloc(ptr, size); }
+  ncclResult_t memFree(void* ptr) override { return memory_.memFree(ptr); }
+  ncclResult_t commRegister(ncclComm_t comm, void* buff, size_t size, void** handle) override;
+  ncclResult_t commDeregister(ncclComm_t comm, void* handle) override;
 
   // How deep the calling thread is in NCCL groups (0: none open).
   static int groupDepthOfThread();
@@ -158,6 +166,9 @@ class RecordingNccl final : public NcclApi {
     std::map<int, Buffer> deviceFactors;
   };
 
+  // The communicator a registration call names, as FakeNcclMemory sees it; `usableNow` false
+  // (and the call logged as failing) where it cannot be used.
+  FakeNcclMemory::Comm memoryComm(ncclComm_t comm, const std::string& call, bool& usableNow);
   // ncclSuccess, or the failure the log was asked to inject into `function`.
   ncclResult_t outcome(const char* function);
   // Whether `op`'s buffers lie within their allocations, as NCCL reads and writes them (its
@@ -204,6 +215,7 @@ class RecordingNccl final : public NcclApi {
   int redOpsMade_ = 0;
   std::mutex errorMutex_;
   std::string lastError_;
+  FakeNcclMemory memory_;
 };
 
 }  // namespace streamnccl::fake

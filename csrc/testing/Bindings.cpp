@@ -170,6 +170,73 @@ void bindRecording(py::module_& m) {
       .def("last_graph", &FakeGpu::lastGraph)
       .def("replay", &FakeGpu::replay, py::arg("graph"))
       .def("destroy_graph", &FakeGpu::destroyGraph, py::arg("graph"));
+  // NCCL's memory calls on the fake, made directly: what the product never does (deregister a
+  // handle twice, or on another communicator) is shown caught here.
+  py::class_<fake::RecordingNccl, std::shared_ptr<fake::RecordingNccl>>(m, "FakeNccl")
+      .def(py::init([](std::shared_ptr<fake::FakeNcclWorld> world, std::shared_ptr<FakeGpu> gpu) {
+             return std::make_shared<fake::RecordingNccl>(std::move(gpu), std::move(world));
+           }),
+           py::arg("world"), py::arg("gpu"))
+      .def(
+          "init_alone",
+          [](fake::RecordingNccl& nccl) {
+            ncclUniqueId id;
+            nccl.getUniqueId(&id);
+            ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+            ncclComm_t comm = nullptr;
+            TORCH_CHECK(nccl.commInitRankConfig(&comm, 1, id, 0, &config) == ncclSuccess,
+                        "the fake's init failed");
+            return reinterpret_cast<uintptr_t>(comm);
+          },
+          "A blocking communicator of this rank alone; its handle as an int.")
+      .def(
+          "mem_alloc",
+          [](fake::RecordingNccl& nccl, size_t size) {
+            void* ptr = nullptr;
+            TORCH_CHECK(nccl.memAlloc(&ptr, size) == ncclSuccess, "the fake's ncclMemAlloc failed");
+            return reinterpret_cast<uintptr_t>(ptr);
+          },
+          py::arg("size"))
+      .def(
+          "mem_free",
+          [](fake::RecordingNccl& nccl, uintptr_t ptr) {
+            return static_cast<int>(nccl.memFree(reinterpret_cast<void*>(ptr)));
+          },
+          py::arg("ptr"))
+      .def(
+          "register",
+          [](fake::RecordingNccl& nccl, uintptr_t comm, uintptr_t ptr, size_t size) {
+            void* handle = nullptr;
+            TORCH_CHECK(
+                nccl.commRegister(reinterpret_cast<ncclComm_t>(comm), reinterpret_cast<void*>(ptr),
+                                  size, &handle) == ncclSuccess,
+                "the fake's ncclCommRegister failed");
+            return reinterpret_cast<uintptr_t>(handle);
+          },
+          py::arg("comm"), py::arg("ptr"), py::arg("size"))
+      .def(
+          "deregister",
+          [](fake::RecordingNccl& nccl, uintptr_t comm, uintptr_t handle) {
+            return static_cast<int>(nccl.commDeregister(reinterpret_cast<ncclComm_t>(comm),
+                                                        reinterpret_cast<void*>(handle)));
+          },
+          py::arg("comm"), py::arg("handle"))
+      .def(
+          "all_reduce",
+          [](fake::RecordingNccl& nccl, uintptr_t comm, uintptr_t ptr, size_t count, int stream) {
+            void* buffer = reinterpret_cast<void*>(ptr);
+            return static_cast<int>(nccl.allReduce(buffer, buffer, count, ncclFloat32, ncclSum,
+                                                   reinterpret_cast<ncclComm_t>(comm),
+                                                   fake::handle<cudaStream_t>(stream)));
+          },
+          py::arg("comm"), py::arg("ptr"), py::arg("count"), py::arg("stream") = 0,
+          "An in-place float sum on stream S<stream>, the calling thread's current one.")
+      .def(
+          "destroy",
+          [](fake::RecordingNccl& nccl, uintptr_t comm) {
+            return static_cast<int>(nccl.commDestroy(reinterpret_cast<ncclComm_t>(comm)));
+          },
+          py::arg("comm"));
   m.def(
       "recording_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Millis timeout,
