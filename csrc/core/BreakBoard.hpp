@@ -36,9 +36,11 @@ namespace streamnccl {
 
 class BreakBoard {
  public:
-  // How long a rank that broke waits for every rank to answer the roll call: a rank alive
-  // answers within a period of its watcher (BreakWatcher::kPeriod).
-  static constexpr std::chrono::milliseconds kRollCall{1000};
+  // How long a rank that broke waits for every rank to answer the roll call: a rank whose group
+  // broke too answers at once, any other within a period of its watcher (BreakWatcher's
+  // kPeriod, 200 ms); three periods leave one whose watcher runs late the time to. Every
+  // failure waits this long where a rank is gone, and no longer: the price of naming it.
+  static constexpr std::chrono::milliseconds kRollCall{600};
 
   // A break as posted: the rank it broke on first, and its error.
   struct Post {
