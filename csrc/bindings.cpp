@@ -110,7 +110,9 @@ std::pair<c10::Device, Segments> poolSegments(at::cuda::MemPool& pool) {
 }
 
 // register_mem_pool and deregister_mem_pool, as ProcessGroupNCCL has them: every segment the
-// pool has at the call (not those it grows later).
+// pool has at the call. Segments it grows later are registered by calling register_mem_pool
+// again (those registered already are left as they are); ProcessGroupNCCL's allocator hooks,
+// which do so by themselves, are not followed.
 void bindMemPools(py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>>& group) {
   group
       .def(
@@ -119,7 +121,7 @@ void bindMemPools(py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<Proces
             TORCH_CHECK_NOT_IMPLEMENTED(!symm, "streamnccl register_mem_pool: symm=True (NCCL's ",
                                         "symmetric windows) is not supported; expected False");
             auto [device, segments] = poolSegments(pool);
-            self.registerMemory(device, segments);
+            self.registerMemory(device, segments, /*skipRegistered=*/true);
           },
           py::arg("pool"), py::arg("symm") = false, py::call_guard<py::gil_scoped_release>(),
           "Registers the pool's segments with the group's NCCL communicator of its device.")
@@ -131,7 +133,7 @@ void bindMemPools(py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<Proces
             for (const auto& segment : segments) {
               addresses.push_back(segment.first);
             }
-            self.deregisterMemory(device, addresses);
+            self.deregisterMemory(device, addresses, /*skipUnknown=*/true);
           },
           py::arg("pool"), py::call_guard<py::gil_scoped_release>(),
           "Deregisters what register_mem_pool registered, once the ops that may use it ran.");

@@ -114,19 +114,46 @@ def test_the_nccl_path_breaks_on_every_rank_when_one_times_out():
         deadline = time.monotonic() + OTHERS_TIMEOUT.total_seconds() / 2
         while pg.get_error().name == "SUCCESS" and time.monotonic() < deadline:
             time.sleep(0.05)  # a CUDA wait() does not block the host: the break is waited for
+        calls = gpu.calls()
+        gpu.clear()
         with pytest.raises(dist.DistBackendError) as failure:
             if work is not None:
                 work.wait()  # failed by the break
             else:
                 pg.allreduce([torch.ones(4)])  # refused: the group broke
-        return pg.get_error().name, str(failure.value), gpu.calls()
+        joined = any(call.startswith("cudaStreamWaitEvent(S0,") for call in gpu.calls())
+        return pg.get_error().name, str(failure.value), calls, joined
 
     results = run_ranks(groups, one_times_out, timeout_s=OTHERS_TIMEOUT.total_seconds() / 2)
     assert results[0][0] == "TIMEOUT"
-    for name, error, calls in results[1:]:
+    # A failed op's wait() still orders the caller's stream after it: after the abort, the
+    # kernels queued behind the communicator's (copy-backs into the outputs) still run.
+    assert results[0][3] and results[1][3]
+    for name, error, calls, _ in results[1:]:
         assert name == "REMOTE_ERROR"
         assert "the group broke on rank 0" in error and "timed out" in error, error
         assert any(call.startswith("ncclCommAbort") for call in calls), calls
     for pg, gpu in groups:
         pg.abort()
         assert gpu.violations() == []
+
+
+def test_a_store_that_does_not_answer_delays_a_break_by_a_bounded_time():
+    # The break's post to the Store hangs: the group still breaks (later ops refused, its
+    # communicator aborted) within the roll call and a second, rather than with the Store.
+    from streamnccl import _testing
+
+    store = _testing.StoreThatHangsOnPosts()
+    pg, gpu = fake_group(store=store, propagate_errors=True, timeout=timedelta(seconds=60))
+    try:
+        connect([(pg, gpu)])
+        started = time.monotonic()
+        pg.abort()
+        aborted_after = time.monotonic() - started
+        with pytest.raises(dist.DistBackendError, match="aborted by the caller"):
+            pg.allreduce([torch.ones(4)])
+        assert aborted_after < 10, aborted_after  # unbounded, it waits for `release` (60 s)
+        assert pg.get_error().name == "COMM_ERROR"
+        assert any(call.startswith("ncclCommAbort") for call in gpu.calls())
+    finally:
+        store.release()

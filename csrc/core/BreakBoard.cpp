@@ -91,9 +91,11 @@ std::shared_ptr<BreakBoard> BreakBoard::open(const c10::intrusive_ptr<c10d::Stor
   try {
     auto own = boardsView(store);
     // Every rank of an incarnation adds one: the n-th incarnation's ranks read n*size+1 to
-    // (n+1)*size, whatever their order.
-    const int64_t count = own->add(std::string(kPrefix) + "made", 1);
-    const std::string prefix = kPrefix + std::to_string((count - 1) / size) + "/";
+    // (n+1)*size, whatever their order. Counted per size, so that groups of other sizes made
+    // under the same prefix (a Store the caller reuses) do not shift the count.
+    const int64_t count = own->add(std::string(kPrefix) + "made-of-" + std::to_string(size), 1);
+    const std::string prefix =
+        kPrefix + std::to_string(size) + "/" + std::to_string((count - 1) / size) + "/";
     return std::make_shared<BreakBoard>(std::move(own), prefix, rank, size, std::move(who));
   } catch (const std::exception& e) {
     LOG(WARNING) << who << " cannot reach the Store to share breaks with the other ranks ("
@@ -111,24 +113,25 @@ BreakBoard::BreakBoard(c10::intrusive_ptr<c10d::Store> store, std::string prefix
       size_(size),
       who_(std::move(who)) {}
 
-void BreakBoard::setOnPosted(std::function<void(const Post&)> onPosted) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  onPosted_ = std::move(onPosted);
+void BreakBoard::posted(const Post& post) {
+  std::lock_guard<std::mutex> lock(postedMutex_);
+  if (!posted_) {
+    posted_ = post;
+    hasPosted_.store(true, std::memory_order_release);
+  }
 }
 
-void BreakBoard::posted(const Post& post) {
-  std::function<void(const Post&)> onPosted;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    onPosted = onPosted_;
+std::optional<BreakBoard::Post> BreakBoard::takePosted() {
+  if (!hasPosted_.load(std::memory_order_acquire)) {
+    return std::nullopt;
   }
-  if (onPosted) {
-    onPosted(post);
-  }
+  std::lock_guard<std::mutex> lock(postedMutex_);
+  hasPosted_.store(false, std::memory_order_release);
+  return std::exchange(posted_, std::nullopt);
 }
 
 std::optional<BreakBoard::Post> BreakBoard::look() {
-  if (done_.load() || closed_.load()) {
+  if (done_.load() || closed_.load() || hasPosted_.load()) {
     return std::nullopt;
   }
   try {

@@ -70,9 +70,10 @@ class BreakBoard {
   // The group has ended: look() stops asking.
   void close() { closed_.store(true); }
   bool closed() const { return closed_.load(); }
-  // Called by the watcher with what look() found; set by the group's watchdog.
-  void setOnPosted(std::function<void(const Post&)> onPosted);
+  // The watcher keeps what look() found here, for the group's watchdog to take: the group
+  // breaks on its own thread, beside the other groups', not on the watcher's.
   void posted(const Post& post);
+  std::optional<Post> takePosted();
 
   int rank() const { return rank_; }
   // "the group broke on rank 3: ..." ("broke first on", with `when` "first") and "; rank 3 did
@@ -100,7 +101,9 @@ class BreakBoard {
   std::atomic<bool> done_{false};    // announced, or the Store unreachable: look() stops asking
   std::atomic<bool> said_{false};    // the Store's failure was logged
   std::atomic<bool> closed_{false};  // the group has ended
-  std::function<void(const Post&)> onPosted_;
+  std::mutex postedMutex_;
+  std::optional<Post> posted_;
+  std::atomic<bool> hasPosted_{false};  // posted_ is set: the watchdog's every look is a load
 };
 
 }  // namespace streamnccl

@@ -3,6 +3,7 @@
 #include "core/GroupThreads.hpp"
 
 #include <c10/util/Logging.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
@@ -14,12 +15,15 @@
 namespace streamnccl::breakWatcher {
 namespace {
 
+constexpr auto kStopWait = std::chrono::seconds(2);
+
 // Never destroyed: groups let go of during the process's static destruction still leave it.
 struct Watcher {
   std::mutex mutex;
   std::condition_variable wake;
   std::vector<std::weak_ptr<BreakBoard>> boards;
   uint64_t generation = 0;  // stop() counts one: the thread of an earlier one ends
+  uint64_t ended = 0;       // one past the generation of the last thread that ended
   std::thread thread;
 };
 Watcher& watcher() {
@@ -63,6 +67,13 @@ void run(uint64_t generation) {
   c10::setThreadName("streamnccl-brk");
   markGroupThread();
   Watcher& w = watcher();
+  auto ended = c10::make_scope_exit([&w, generation] {
+    {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      w.ended = std::max(w.ended, generation + 1);
+    }
+    w.wake.notify_all();  // stop() waits for this
+  });
   while (true) {
     {
       std::unique_lock<std::mutex> lock(w.mutex);
@@ -94,18 +105,22 @@ void watch(const std::shared_ptr<BreakBoard>& board) {
 void stop() {
   Watcher& w = watcher();
   std::thread thread;
-  {
-    std::lock_guard<std::mutex> lock(w.mutex);
-    ++w.generation;
-    thread = std::move(w.thread);
-  }
+  std::unique_lock<std::mutex> lock(w.mutex);
+  const uint64_t stopped = ++w.generation;
+  thread = std::move(w.thread);
   w.wake.notify_all();
-  if (thread.joinable()) {
-    if (thread.get_id() == std::this_thread::get_id()) {
-      thread.detach();  // the exit reached from a break on this thread: it ends on its own
-    } else {
-      thread.join();
-    }
+  if (!thread.joinable()) {
+    return;
+  }
+  // Bounded: a look at a Store whose host vanished may not return for minutes, and the exit
+  // must not wait for it (the thread then ends on its own, or with the process).
+  const bool ended = thread.get_id() != std::this_thread::get_id() &&
+                     w.wake.wait_for(lock, kStopWait, [&] { return w.ended >= stopped; });
+  lock.unlock();
+  if (ended) {
+    thread.join();
+  } else {
+    thread.detach();
   }
 }
 

@@ -137,6 +137,8 @@ class Communicator {
   virtual void registerMemory(void* /*address*/, size_t /*bytes*/, const std::string& who) {
     TORCH_CHECK(false, who, ": this path's communicator registers no memory (NCCL only)");
   }
+  // Whether `address` is registered with it now.
+  virtual bool isRegistered(void* /*address*/) { return false; }
   // Ends the registration of `address` (NCCL's ncclCommDeregister). The caller has made sure
   // that no op using the memory is still queued: NCCL would unmap it under a running kernel.
   virtual void deregisterMemory(void* /*address*/, const std::string& who) {

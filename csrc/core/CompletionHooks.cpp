@@ -19,9 +19,11 @@ void CompletionHooks::add(Hook hook, std::string who) {
 
 void CompletionHooks::completed(c10d::OpType opType, uint64_t seq, Clock::time_point issued,
                                 std::optional<double> durationMs) {
-  auto info =
-      std::make_shared<c10d::WorkInfo>(opType, seq, issued, Clock::now(),
-                                       std::chrono::duration<float>(durationMs.value_or(0) / 1e3));
+  const auto now = Clock::now();
+  // An op issued before the first hook was registered has no time of issue: its retiring's.
+  auto info = std::make_shared<c10d::WorkInfo>(
+      opType, seq, issued == Clock::time_point{} ? now : issued, now,
+      std::chrono::duration<float>(durationMs.value_or(0) / 1e3));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {

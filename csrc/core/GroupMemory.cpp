@@ -84,21 +84,25 @@ Path& ProcessGroup::openedPathFor(const c10::Device& requested, const char* op) 
 }
 
 void ProcessGroup::registerMemory(const c10::Device& device,
-                                  const std::vector<std::pair<void*, size_t>>& segments) {
+                                  const std::vector<std::pair<void*, size_t>>& segments,
+                                  bool skipRegistered) {
   constexpr const char* op = "register_mem_pool";
   refuseIfBroken(op);
   Communicator& communicator = *openedPathFor(device, op).communicator;
-  size_t registered = 0;
+  std::vector<void*> registered;
   try {
     for (const auto& [address, bytes] : segments) {
+      if (skipRegistered && communicator.isRegistered(address)) {
+        continue;
+      }
       communicator.registerMemory(address, bytes, who());
-      ++registered;
+      registered.push_back(address);
     }
   } catch (...) {
     // All or none: a pool registered in part could not be deregistered as a pool.
-    for (size_t i = 0; i < registered; ++i) {
+    for (void* address : registered) {
       try {
-        communicator.deregisterMemory(segments[i].first, who());
+        communicator.deregisterMemory(address, who());
       } catch (...) {  // the first error is the one that matters
       }
     }
@@ -106,8 +110,8 @@ void ProcessGroup::registerMemory(const c10::Device& device,
   }
 }
 
-void ProcessGroup::deregisterMemory(const c10::Device& device,
-                                    const std::vector<void*>& addresses) {
+void ProcessGroup::deregisterMemory(const c10::Device& device, const std::vector<void*>& addresses,
+                                    bool skipUnknown) {
   constexpr const char* op = "deregister_mem_pool";
   if (health_->broken() || shutDown_.load(std::memory_order_acquire)) {
     return;  // the communicators were aborted or destroyed, and their registrations with them
@@ -127,6 +131,9 @@ void ProcessGroup::deregisterMemory(const c10::Device& device,
     return;  // broke meanwhile: the registrations went with the communicators
   }
   for (void* address : addresses) {
+    if (skipUnknown && !path.communicator->isRegistered(address)) {
+      continue;
+    }
     path.communicator->deregisterMemory(address, who());
   }
 }

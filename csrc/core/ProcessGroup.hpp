@@ -150,13 +150,19 @@ class ProcessGroup final : public c10d::Backend {
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
   // Registers each (address, bytes) with the communicator of `device` (opened already: not
-  // collective), all or none; register_mem_pool's segments.
+  // collective), all or none; register_mem_pool's segments. With `skipRegistered` (a pool's,
+  // registered again once it grew), those registered already are left as they are; else they
+  // are refused.
   void registerMemory(const c10::Device& device,
-                      const std::vector<std::pair<void*, size_t>>& segments);
+                      const std::vector<std::pair<void*, size_t>>& segments,
+                      bool skipRegistered = false);
   // Ends those registrations, once the ops issued on the communicator so far have run (NCCL
   // would unmap the memory under their kernels); captured ops are not waited for. Nothing to
-  // do once the group is broken or shut down: NCCL released them with the communicator.
-  void deregisterMemory(const c10::Device& device, const std::vector<void*>& addresses);
+  // do once the group is broken or shut down: NCCL released them with the communicator. With
+  // `skipUnknown` (a pool's segments, some grown since its registration), addresses not
+  // registered are passed over; else they are refused.
+  void deregisterMemory(const c10::Device& device, const std::vector<void*>& addresses,
+                        bool skipUnknown = false);
 
   // Makes `path` this group's path for `device`, as if opened at a first op (a split or shrunk
   // group's paths made from its parent's by `op`).

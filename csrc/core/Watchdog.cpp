@@ -10,12 +10,15 @@
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
+#include <future>
 #include <iterator>
 
 namespace streamnccl {
 namespace {
 
 constexpr auto kPeriod = std::chrono::milliseconds(50);
+// How much longer than its roll call a break waits for the Store to take its post.
+constexpr auto kStoreGrace = std::chrono::milliseconds(1000);
 
 // Moves the elements of `from` for which `take` holds to the end of `to`, keeping the order
 // of both; moved, never copied, so that no reference is dropped here.
@@ -48,11 +51,6 @@ std::shared_ptr<Watchdog> Watchdog::start(std::shared_ptr<GroupHealth> health,
   std::shared_ptr<Watchdog> watchdog(
       new Watchdog(std::move(health), std::move(stats), std::move(describeGroup), board));
   if (board) {
-    board->setOnPosted([weak = std::weak_ptr<Watchdog>(watchdog)](const BreakBoard::Post& post) {
-      if (auto self = weak.lock()) {
-        self->learnBreak(post);
-      }
-    });
     breakWatcher::watch(board);
   }
   // The thread holds the watchdog one period at a time: if its last owner lets go meanwhile
@@ -269,6 +267,11 @@ void Watchdog::releaseCompleted(RecorderClock& clock) {
 }
 
 void Watchdog::check() {
+  if (board_) {
+    if (auto post = board_->takePosted()) {
+      learnBreak(*post);  // found by the process's watcher; broken here, on this group's thread
+    }
+  }
   Works faulted;
   Works expired;
   std::vector<std::shared_ptr<Communicator>> communicators;
@@ -327,8 +330,25 @@ std::string Watchdog::shareBreak(const std::exception_ptr& error, BreakAs& as) {
     return {};
   }
   const bool learned = as.cause == GroupHealth::Cause::Remote;
-  const BreakBoard::News news = board_->announce(
-      learned ? std::nullopt : std::optional(describeException(error)), as.rollCall);
+  // On a thread of its own, waited for a bounded time: a Store whose host vanished may not
+  // answer for minutes, and the break (failing the ops, aborting) must not wait for it.
+  auto promise = std::make_shared<std::promise<BreakBoard::News>>();
+  auto answered = promise->get_future();
+  std::optional<std::string> mine;
+  if (!learned) {
+    mine = describeException(error);
+  }
+  std::thread([board = board_, promise, mine, rollCall = as.rollCall] {
+    c10::setThreadName("streamnccl-post");
+    promise->set_value(board->announce(mine, rollCall));
+  }).detach();
+  if (answered.wait_for(BreakBoard::kRollCall + kStoreGrace) != std::future_status::ready) {
+    LOG(WARNING) << describeGroup().who() << " the Store did not answer within "
+                 << (BreakBoard::kRollCall + kStoreGrace).count()
+                 << " ms: this break is not shared with the other ranks";
+    return {};
+  }
+  const BreakBoard::News news = answered.get();
   std::string text;
   if (!learned && news.first && news.first->rank != board_->rank()) {
     // Another rank's break was posted before this one's: this fault is likely its echo (a peer

@@ -291,10 +291,12 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
       std::rethrow_exception(error);
     }
   }
-  if (auto failure = exception()) {
+  if (auto failure = exception(); failure && device_->joinBlocksCaller()) {
     // Raised without joining the op: on the host path, a Gloo exchange whose peer never comes
     // returns only at Gloo's own timeout, and the caller must learn of the failure (the group's
-    // break, at once) now. Its tensors are still held until its end (the watchdog's).
+    // break, at once) now. Its tensors are still held until its end (the watchdog's). On CUDA
+    // the join below costs the host nothing, and orders the caller's stream after the kernels
+    // that still run after an abort (copy-backs into the outputs).
     forgetInTorch();
     std::rethrow_exception(failure);
   }

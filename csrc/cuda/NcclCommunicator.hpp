@@ -120,6 +120,10 @@ class NcclCommunicator final : public Communicator {
   // NcclMemory.cpp: ncclCommRegister and ncclCommDeregister, the handles kept by address.
   void registerMemory(void* address, size_t bytes, const std::string& who) override;
   void deregisterMemory(void* address, const std::string& who) override;
+  bool isRegistered(void* address) override {
+    std::lock_guard<std::mutex> lock(registrationsMutex_);
+    return registrations_.count(address) > 0;
+  }
 
  private:
   // shrunk()'s and split()'s: the communicator NCCL makes from this one as `origin` says,

@@ -8,6 +8,11 @@
 #include "core/ProcessGroup.hpp"
 #include "sim/SimController.hpp"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <condition_variable>
+#include <mutex>
+
 #ifdef STREAMNCCL_WITH_NCCL
 #include "cuda/CudaPath.hpp"
 #include "fake/FakeGpu.hpp"
@@ -304,6 +309,39 @@ void bindRecording(py::module_& m) {
 }
 #endif
 
+// A Store in memory whose compareSet (the post of a group's break) does not answer until
+// release(): a Store whose host vanished without closing its connections.
+class StoreThatHangsOnPosts final : public c10d::HashStore {
+ public:
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      released_.wait_for(lock, std::chrono::seconds(60), [this] { return release_; });
+    }
+    return c10d::HashStore::compareSet(key, expected, desired);
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      release_ = true;
+    }
+    released_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool release_ = false;
+};
+
+void bindStores(py::module_& m) {
+  py::class_<StoreThatHangsOnPosts, c10d::Store, c10::intrusive_ptr<StoreThatHangsOnPosts>>(
+      m, "StoreThatHangsOnPosts")
+      .def(py::init([] { return c10::make_intrusive<StoreThatHangsOnPosts>(); }))
+      .def("release", &StoreThatHangsOnPosts::release);
+}
+
 }  // namespace
 }  // namespace streamnccl
 
@@ -313,6 +351,7 @@ PYBIND11_MODULE(_testing, m) {
   py::module_::import("streamnccl._C");
   m.doc() = "streamnccl's test doubles: the simulated device and the fake GPU (tests only)";
   bindSimulation(m);
+  bindStores(m);
 #ifdef STREAMNCCL_WITH_NCCL
   bindRecording(m);
 #endif
