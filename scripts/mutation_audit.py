@@ -39,6 +39,8 @@ BEHAVIOUR = [
     "tests/test_nccl_all_to_all.py",
     "tests/test_nccl_shrink.py",
     "tests/test_nccl_split.py",
+    "tests/test_propagation.py",
+    "tests/test_completion_hooks.py",
 ]
 CALL_LOGS = ["tests/test_cuda_call_sequences.py"]
 
