@@ -62,8 +62,9 @@ def _silent_peer(ctx, async_op):
     detected_after = time.monotonic() - started
     message = str(failure.value)
     assert f"[streamnccl rank {me}/{n} pg=" in message and "allreduce #2 ([4], Float)" in message
-    if me == FAULTY_RANK:
-        assert "injected fault" in message
+    assert "injected fault" in message, message
+    if me != FAULTY_RANK:
+        assert f"the group broke on rank {FAULTY_RANK}" in message, message
     assert detected_after < GROUP_TIMEOUT_S + 10, detected_after
 
     # The group is broken: a later call raises at once, with the first cause.
@@ -77,7 +78,12 @@ def _silent_peer(ctx, async_op):
     states = [(e["collective_seq_id"], e["profiling_name"], e["state"]) for e in entries]
     assert states == [(1, "nccl:all_reduce", "completed"), (2, "nccl:all_reduce", "started")]
     assert entries[1]["input_sizes"] == [[4]] and entries[1]["input_dtypes"] == ["Float"]
-    assert entries[1]["retired"] and "error" in entries[1] and "error" not in entries[0]
+    assert "error" not in entries[0], entries
+    if me == FAULTY_RANK or async_op:
+        assert entries[1]["retired"] and "error" in entries[1], entries
+    # Else the others' sync op was inside Gloo, outside the watchdog's sight, when their group
+    # broke from the post: the dump shows it started and never completed, where the ranks
+    # parted, and its failure came after (the closed connections of the failing rank).
 
     dist.destroy_process_group(group)
     shutil.rmtree(dump_dir)
@@ -92,10 +98,11 @@ def _silent_peer(ctx, async_op):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_failing_rank_is_a_silent_peer_to_the_others(rank_pools, world_size, async_op):
     detected_after = rank_pools(world_size).run(_silent_peer, async_op)
-    # The failing rank knows at once; the others when the group's timeout passes.
+    # The failing rank knows at once; the others from its break, posted to the Store (without
+    # propagation, when the group's timeout passes: tests/test_propagation.py).
     assert detected_after[FAULTY_RANK] < 1, detected_after
     others = [t for r, t in enumerate(detected_after) if r != FAULTY_RANK]
-    assert all(GROUP_TIMEOUT_S - 1 < t < GROUP_TIMEOUT_S + 10 for t in others), detected_after
+    assert all(t < GROUP_TIMEOUT_S - 1 for t in others), detected_after
 
 
 def _watchdog_times_out_an_async_op(ctx):

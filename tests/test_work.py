@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+import streamnccl
 import torch
 import torch.distributed as dist
 from collective_helpers import call_keeping_the_gil_until_it_blocks
@@ -100,8 +101,11 @@ def _is_completed_does_not_block_and_wait_timeout_raises(ctx):
     # The last rank joins 2 s late: the others see an incomplete op, and wait(timeout) raises
     # a DistBackendError naming the op. That breaks their group, as the watchdog's deadline
     # would (the ranks are no longer known to be in step): the op fails from then on, and so
-    # does every later call on the group. Other groups go on.
-    group = dist.new_group(backend="streamnccl")
+    # does every later call on the group. Other groups go on. Without propagation, which would
+    # break the late rank's group too (tests/test_propagation.py): this is the waiter's own.
+    group = dist.new_group(
+        backend="streamnccl", pg_options=streamnccl.Options(propagate_errors=False)
+    )
     # Every rank opens the group's host path (Gloo, made at the first CPU op) first, so that
     # the ops below go straight into Gloo; one still waiting for a late rank to open would be
     # ended by the group breaking, outside Gloo.

@@ -360,9 +360,34 @@ std::string Watchdog::shareBreak(const std::exception_ptr& error, BreakAs& as) {
 }
 
 void Watchdog::learnBreak(const BreakBoard::Post& post) {
+  // As at a deadline (check()): the ops whose end has passed are retired as completed, and
+  // those still in flight are counted failed, and the dump written, before they fail, so that
+  // the dump shows where this rank stood. Meanwhile they are in no list; once failed they wait
+  // for their end.
+  Works faulted;
+  Works stopped;
+  {
+    RecorderClock clock;
+    std::lock_guard<std::mutex> lock(mutex_);
+    collectEnded(faulted, clock);
+    stopped.swap(inFlight_);
+  }
+  settle(faulted);
   const OpInfo group = describeGroup();
-  breakGroup(group, makeDistBackendError(group.who() + " " + BreakBoard::describe(post)), {},
-             BreakAs{GroupHealth::Cause::Remote});
+  const auto error = makeDistBackendError(group.who() + " " + BreakBoard::describe(post));
+  for (auto& work : stopped) {
+    retireFailed(*work, work->failureFor(error));
+  }
+  auto failStopped = [&](const std::string& news) {
+    auto handOn = c10::make_scope_exit([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      append(failedRunning_, stopped);  // let go once their end has passed
+    });
+    for (auto& work : stopped) {
+      work->fail(withNews(error, news));
+    }
+  };
+  breakGroup(group, error, failStopped, BreakAs{GroupHealth::Cause::Remote});
 }
 
 void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const FailCause& failCause,
@@ -376,7 +401,10 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
     error = withNews(error, news);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      breakNews_ = news;  // for the calls that lost the claim
+      // For the calls that lost the claim. Where the break came from another rank, theirs are
+      // echoes of it (a peer that closed its connections): their errors say where it began.
+      breakNews_ =
+          as.cause == GroupHealth::Cause::Remote ? "; " + describeException(error) : news;
     }
     try {
       health_->breakWith(group, error, as.cause);  // returns once the evidence is written

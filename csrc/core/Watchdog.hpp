@@ -160,7 +160,8 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
 
   Watchdog(std::shared_ptr<GroupHealth> health, std::shared_ptr<GroupStats> stats,
            std::function<OpInfo()> describeGroup, std::shared_ptr<BreakBoard> board);
-  // A break another rank posted on the board: the group breaks with it (REMOTE_ERROR).
+  // A break another rank posted on the board: the group breaks with it (REMOTE_ERROR). On the
+  // watchdog's thread (check()), which alone collects ended ops.
   void learnBreak(const BreakBoard::Post& post);
   // breakGroup()'s sharing of the break it claimed: posts it (unless learned from the board),
   // then returns the roll call's news. Empty without a board, or for a break not shared.
