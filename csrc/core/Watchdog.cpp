@@ -403,8 +403,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
       std::lock_guard<std::mutex> lock(mutex_);
       // For the calls that lost the claim. Where the break came from another rank, theirs are
       // echoes of it (a peer that closed its connections): their errors say where it began.
-      breakNews_ =
-          as.cause == GroupHealth::Cause::Remote ? "; " + describeException(error) : news;
+      breakNews_ = as.cause == GroupHealth::Cause::Remote ? "; " + describeException(error) : news;
     }
     try {
       health_->breakWith(group, error, as.cause);  // returns once the evidence is written

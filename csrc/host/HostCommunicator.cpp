@@ -86,10 +86,13 @@ HostCommunicator::InGloo::InGloo(HostCommunicator& communicator) : communicator_
 }
 
 HostCommunicator::InGloo::~InGloo() {
-  c10::intrusive_ptr<c10d::Backend> released;  // let go of without the lock
-  std::lock_guard<std::mutex> lock(communicator_.glooMutex_);
-  --communicator_.inGloo_;
-  released = communicator_.releasable();
+  c10::intrusive_ptr<c10d::Backend> released;
+  {
+    std::lock_guard<std::mutex> lock(communicator_.glooMutex_);
+    --communicator_.inGloo_;
+    released = communicator_.releasable();
+  }
+  letGoOfGloo(std::move(released));
 }
 
 c10::intrusive_ptr<c10d::Backend> HostCommunicator::releasable() {
@@ -101,11 +104,12 @@ c10::intrusive_ptr<c10d::Backend> HostCommunicator::releasable() {
 
 void HostCommunicator::abort() {
   aborted_.store(true);
-  c10::intrusive_ptr<c10d::Backend> released;  // let go of without the lock
+  c10::intrusive_ptr<c10d::Backend> released;
   {
     std::lock_guard<std::mutex> lock(glooMutex_);
     released = releasable();
   }
+  letGoOfGloo(std::move(released));
   if (opened_) {
     opened_->close();
   }

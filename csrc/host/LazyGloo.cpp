@@ -5,7 +5,10 @@
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <c10/util/thread_name.h>
+
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 namespace streamnccl {
@@ -45,6 +48,20 @@ std::string LazyGloo::openedKey(int rank) const {
   return "streamnccl-opened/" + std::to_string(rank);
 }
 
+void letGoOfGloo(c10::intrusive_ptr<c10d::Backend> gloo) {
+  if (!gloo) {
+    return;
+  }
+  try {
+    std::thread([gloo = std::move(gloo)]() mutable {
+      c10::setThreadName("streamnccl-gloo");
+      gloo.reset();
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had: the reference goes here, with the wait it may bring.
+  }
+}
+
 void LazyGloo::close() {
   closed_.store(true);
   c10::intrusive_ptr<c10d::Backend> released;  // let go of after the lock
@@ -52,6 +69,8 @@ void LazyGloo::close() {
   if (lock.owns_lock()) {
     released = std::move(gloo_);
   }
+  lock.unlock();
+  letGoOfGloo(std::move(released));
 }
 
 c10::intrusive_ptr<c10d::Backend> LazyGloo::get() {

@@ -12,6 +12,12 @@
 
 namespace streamnccl {
 
+// Lets go of a group's Gloo backend, once its group broke, on a thread of its own: Gloo's
+// destructor waits for the ops inside it (which end at Gloo's timeout, or once their peers close
+// their connections), and from torch 2.14 a Backend holds its Python object, which the last
+// reference lets go of with the GIL. Neither may hold up a thread of the group or the caller's.
+void letGoOfGloo(c10::intrusive_ptr<c10d::Backend> gloo);
+
 // The Gloo backend under a group's host path, made at the group's first CPU op rather than
 // with the group: a group used only for CUDA tensors never opens Gloo's sockets and threads.
 //
