@@ -286,6 +286,9 @@ PYBIND11_MODULE(_C, m) {
              return torch::jit::toPyObject(c10::IValue(self.statsSnapshot()));
            })
       .def("_reset_stats", &ProcessGroup::resetStats)
+      // torch 2.15 binds get_error on every Backend; 2.11 only on its own backends.
+      .def("get_error", &ProcessGroup::getError,
+           "SUCCESS until the group breaks, then TIMEOUT, COMM_ERROR or REMOTE_ERROR.")
       // What torch's split_group asks of every rank of this group (`options`: its pg_options),
       // and, with `agreement` (the new group's name), what python/streamnccl asks of the
       // members of a subgroup new_group makes (see ProcessGroup::splitAs).

@@ -4,6 +4,7 @@ from typing import overload
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import ErrorType
 
 class NcclConfig:
     """How NCCL makes a group's communicators (ncclConfig_t); unset fields are NCCL's defaults."""
@@ -102,6 +103,7 @@ class ProcessGroup(dist.Backend):
     def _set_global_ranks(self, global_ranks: list[int]) -> None: ...
     def _stats(self) -> dict[str, dict[str, int | float]]: ...
     def _reset_stats(self) -> None: ...
+    def get_error(self) -> ErrorType: ...
     def _split(
         self,
         store: dist.Store,
