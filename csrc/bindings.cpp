@@ -5,6 +5,7 @@
 #include "core/FlightRecorder.hpp"
 #include "core/Options.hpp"
 #include "core/ProcessGroup.hpp"
+#include "core/StoreKeys.hpp"
 #include "host/HostPath.hpp"
 
 #ifdef STREAMNCCL_WITH_NCCL
@@ -344,6 +345,8 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(dump);
       },
       "This process's flight recorder, pickled as torch's flight recorder dumps are.");
+  m.def("_store_of_this_attempt", &keys::storeOfThisAttempt, py::arg("store"),
+        "The store as a restarted torchelastic worker keeps to it: its attempt's keys apart.");
   m.def("_shutdown_all_groups", &ProcessGroup::shutdownAll,
         py::call_guard<py::gil_scoped_release>(),
         "Shuts every live group down (finishing its ops first); registered to run at exit.");

@@ -5,6 +5,7 @@
 #include "core/Errors.hpp"
 #include "core/MonitoredBarrier.hpp"
 #include "core/ProcessGroup.hpp"
+#include "core/StoreKeys.hpp"
 #include "core/StoreWait.hpp"
 
 #include <c10/util/Logging.h>
@@ -87,7 +88,7 @@ const ProcessGroup::BarrierPlace& ProcessGroup::barrierPlaceFor(const c10::Devic
   std::string verdict = verdictOf(std::vector<std::vector<uint8_t>>(getSize(), bytes(mine)), named);
   if (store_) {
     const std::string type = c10::DeviceTypeName(named.type(), true);
-    const std::string prefix = "streamnccl/barrier_place/" + type + "/";
+    const std::string prefix = keys::barrierPlace(type);
     const std::string verdictKey = prefix + "verdict";
     const auto stop = [this] { refuseIfBroken("barrier"); };
     const std::string within = " within " + std::to_string(timeout.count()) + " ms";
@@ -161,8 +162,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
 void ProcessGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   TORCH_CHECK(store_, "streamnccl: monitored_barrier needs the group's Store");
   const auto timeout = opts.timeout == c10d::kUnsetTimeout ? options_->timeout : opts.timeout;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "streamnccl/monitored_barrier/" + std::to_string(monitoredBarriers_++) + "/", store_);
+  auto store =
+      c10::make_intrusive<c10d::PrefixStore>(keys::monitoredBarrier(monitoredBarriers_++), store_);
   streamnccl::monitoredBarrier(*store, getRank(), getSize(), timeout, waitAllRanks, who(),
                                [this] { refuseIfBroken("monitored_barrier"); });
 }

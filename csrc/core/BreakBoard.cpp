@@ -1,5 +1,7 @@
 #include "core/BreakBoard.hpp"
 
+#include "core/StoreKeys.hpp"
+
 #include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -11,7 +13,6 @@ namespace streamnccl {
 namespace {
 
 constexpr auto kAnswersPeriod = std::chrono::milliseconds(20);
-constexpr const char* kPrefix = "streamnccl/breaks/";
 
 std::vector<uint8_t> bytesOf(const std::string& text) { return {text.begin(), text.end()}; }
 std::string textOf(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
@@ -93,9 +94,9 @@ std::shared_ptr<BreakBoard> BreakBoard::open(const c10::intrusive_ptr<c10d::Stor
     // Every rank of an incarnation adds one: the n-th incarnation's ranks read n*size+1 to
     // (n+1)*size, whatever their order. Counted per size, so that groups of other sizes made
     // under the same prefix (a Store the caller reuses) do not shift the count.
-    const int64_t count = own->add(std::string(kPrefix) + "made-of-" + std::to_string(size), 1);
+    const int64_t count = own->add(keys::breaks() + "made-of-" + std::to_string(size), 1);
     const std::string prefix =
-        kPrefix + std::to_string(size) + "/" + std::to_string((count - 1) / size) + "/";
+        keys::breaks() + std::to_string(size) + "/" + std::to_string((count - 1) / size) + "/";
     return std::make_shared<BreakBoard>(std::move(own), prefix, rank, size, std::move(who));
   } catch (const std::exception& e) {
     LOG(WARNING) << who << " cannot reach the Store to share breaks with the other ranks ("

@@ -3,6 +3,7 @@
 
 #include "core/Errors.hpp"
 #include "core/ProcessGroup.hpp"
+#include "core/StoreKeys.hpp"
 
 #include <c10/util/ScopeExit.h>
 #include <c10/util/StringUtil.h>
@@ -71,8 +72,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
   // A prefix no earlier group used: the n-th shrink of this group, and whom it left out (every
   // survivor counts the same shrinks; the excluded, maybe dead, wrote nothing there).
   auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "streamnccl/shrink/" + std::to_string(shrinks_++) + "/" + c10::Join("-", excluded) + "/",
-      store_);
+      keys::shrink(shrinks_++, c10::Join("-", excluded)), store_);
   const auto* requested = dynamic_cast<const streamnccl::Options*>(opts.get());
   auto options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
   options->timeout = opts ? opts->timeout : options_->timeout;
@@ -100,7 +100,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::shrink(
     if (const std::string why = awaitOpsInFlight("shrink", opened, options->timeout);
         !why.empty()) {
       // The other survivors, waiting in the shrink's agreement, end at once too.
-      store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(why.begin(), why.end()));
+      store->compareSet(keys::splitVerdict(), {}, std::vector<uint8_t>(why.begin(), why.end()));
       throwDistBackendError(why);
     }
   }

@@ -23,9 +23,6 @@
 
 namespace streamnccl {
 
-// Where a split's (or shrink's) ranks find whether it goes ahead ("go") or why not.
-inline constexpr const char* kSplitVerdictKey = "streamnccl/verdict";
-
 // Shared, not owned: an async op's task keeps its communicator alive, and a Work its device,
 // for as long as they may still run or be waited on, even past the group's destruction.
 struct Path {
@@ -80,7 +77,7 @@ class PathFactory {
     std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
   };
   // A split of this group, as every rank of it sees it, members of the subgroup or not.
-  // (Under SplitOf::store, kSplitVerdictKey says, once, whether it goes ahead: "go", or why
+  // (Under SplitOf::store, keys::splitVerdict() says, once, whether it goes ahead: "go", or why
   // not, which fails every rank that takes part.)
   struct SplitOf {
     // This split's own Store, which every rank of this group shares: where they agree what

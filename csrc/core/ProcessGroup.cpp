@@ -4,6 +4,7 @@
 #include "core/Errors.hpp"
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
+#include "core/StoreKeys.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
@@ -29,7 +30,7 @@ namespace {
 // verdict every rank taking part reads (CudaPath.cpp), unless one was given already.
 void failSplit(const c10::intrusive_ptr<c10d::Store>& store, const std::string& reason) {
   if (store) {
-    store->compareSet(kSplitVerdictKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
+    store->compareSet(keys::splitVerdict(), {}, std::vector<uint8_t>(reason.begin(), reason.end()));
   }
 }
 
@@ -289,11 +290,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroup::splitAs(
   // torch makes a subgroup's store from its own, which a restarted torchelastic worker shares
   // with the attempt before: as python/streamnccl does for every group it creates, each
   // attempt keeps to keys of its own (a dead worker's Gloo address or NCCL unique id).
-  c10::intrusive_ptr<c10d::Store> ours = store;
-  if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) {
-    ours = c10::make_intrusive<c10d::PrefixStore>(
-        std::string("streamnccl/attempt/") + attempt + "/", store);
-  }
+  const c10::intrusive_ptr<c10d::Store> ours = keys::storeOfThisAttempt(store);
   PathFactories factories;
   std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
   for (const auto& [type, factory] : factories_) {
@@ -349,7 +346,7 @@ c10::intrusive_ptr<c10d::Store> ProcessGroup::splitStore(const std::string& name
   if (!store_) {
     return nullptr;
   }
-  return c10::make_intrusive<c10d::PrefixStore>("streamnccl/split/" + name, store_);
+  return c10::make_intrusive<c10d::PrefixStore>(keys::split(name), store_);
 }
 
 void ProcessGroup::refuseSplit(const std::string& agreement, const std::string& why) {
@@ -782,7 +779,7 @@ void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, const Launch& laun
     mine << (given ? ", split sizes given" : ", no split sizes");
   }
   mine << ")";
-  const std::string prefix = "streamnccl/debug/" + std::to_string(++checkedCollectives_) + "/";
+  const std::string prefix = keys::debugCheck(++checkedCollectives_);
   const std::string text = mine.str();
   store_->set(prefix + std::to_string(getRank()), std::vector<uint8_t>(text.begin(), text.end()));
   for (const auto peer : c10::irange(getSize())) {

@@ -1,21 +1,19 @@
 #include "core/StoreWait.hpp"
 
-#include <algorithm>
-#include <thread>
+#include "core/Backoff.hpp"
 
 namespace streamnccl {
 
 bool keysSetWithin(c10d::Store& store, const std::vector<std::string>& keys,
                    std::chrono::milliseconds timeout, const std::function<void()>& stop) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::milliseconds(1);
+  Backoff backoff(std::chrono::milliseconds(1), std::chrono::milliseconds(100));
   while (!store.check(keys)) {
     if (std::chrono::steady_clock::now() >= deadline) {
       return false;
     }
     stop();
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    backoff.pause();
   }
   return true;
 }

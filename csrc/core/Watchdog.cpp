@@ -1,5 +1,6 @@
 #include "core/Watchdog.hpp"
 
+#include "core/Backoff.hpp"
 #include "core/BreakWatcher.hpp"
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
@@ -557,7 +558,7 @@ bool Watchdog::finishOn(const std::vector<const Communicator*>& communicators,
     return communicators.empty() || std::find(communicators.begin(), communicators.end(),
                                               work->communicator()) != communicators.end();
   };
-  auto pause = std::chrono::microseconds(100);
+  Backoff backoff(std::chrono::microseconds(100), std::chrono::microseconds(10000));
   while (!health_->broken()) {
     Works faulted;
     bool done = false;
@@ -577,8 +578,7 @@ bool Watchdog::finishOn(const std::vector<const Communicator*>& communicators,
     if (Clock::now() >= deadline) {
       return false;
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+    backoff.pause();
   }
   return false;
 }
@@ -649,7 +649,7 @@ size_t Watchdog::releaseAll(Clock::time_point deadline) {
   }
   failUntilTheirEnd(stranded, "the group was destroyed while it broke");
   // Failed ops are let go once their end has passed; the aborts have stopped what held it up.
-  auto pause = std::chrono::microseconds(100);
+  Backoff backoff(std::chrono::microseconds(100), std::chrono::microseconds(10000));
   while (true) {
     Works faulted;
     bool waiting = false;
@@ -665,8 +665,7 @@ size_t Watchdog::releaseAll(Clock::time_point deadline) {
     if (!waiting || Clock::now() >= deadline) {
       break;
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+    backoff.pause();
   }
   Works released;
   size_t kept = 0;

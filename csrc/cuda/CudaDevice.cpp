@@ -1,5 +1,7 @@
 #include "cuda/CudaDevice.hpp"
 
+#include "core/Backoff.hpp"
+
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Logging.h>
 
@@ -160,13 +162,12 @@ class CudaEvent final : public Event {
     if (!state_->waitRecorded(timeout)) {
       return false;
     }
-    auto pause = std::chrono::microseconds(20);
+    Backoff backoff(std::chrono::microseconds(20), std::chrono::microseconds(1000));
     while (!query()) {
       if (std::chrono::steady_clock::now() >= deadline) {
         return false;
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      backoff.pause();
     }
     return true;
   }

@@ -1,6 +1,8 @@
 #include "cuda/CudaPath.hpp"
 
+#include "core/Backoff.hpp"
 #include "core/Errors.hpp"
+#include "core/StoreKeys.hpp"
 #include "cuda/CudaDevice.hpp"
 #include "cuda/NcclCommunicator.hpp"
 
@@ -35,14 +37,14 @@ std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
                                       std::chrono::milliseconds timeout, const std::string& what) {
   const std::string who =
       "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(ranks) + "] " + what + ": ";
-  const std::string verdictKey = kSplitVerdictKey;
+  const std::string verdictKey = keys::splitVerdict();
   const std::string go = "go";
   for (const std::string& key : mine) {
-    store.add("streamnccl/live/" + key, 1);
+    store.add(keys::splitLive(key), 1);
   }
-  store.add("streamnccl/arrived", 1);  // after its counts: one that sees all arrived sees them
+  store.add(keys::splitArrived(), 1);  // after its counts: one that sees all arrived sees them
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::milliseconds(1);
+  Backoff backoff(std::chrono::milliseconds(1), std::chrono::milliseconds(50));
   std::string verdict;
   while (true) {
     if (store.check({verdictKey})) {
@@ -50,7 +52,7 @@ std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
       verdict.assign(bytes.begin(), bytes.end());
       break;
     }
-    if (store.add("streamnccl/arrived", 0) >= ranks) {
+    if (store.add(keys::splitArrived(), 0) >= ranks) {
       const auto bytes =
           store.compareSet(verdictKey, {}, std::vector<uint8_t>(go.begin(), go.end()));
       verdict.assign(bytes.begin(), bytes.end());
@@ -68,15 +70,14 @@ std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
       }
       break;  // another rank settled it first
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    backoff.pause();
   }
   if (verdict != go) {
     throwDistBackendError(who + "another member gave up on it: " + verdict);
   }
   std::set<std::string> common;
   for (const std::string& key : mine) {
-    if (store.add("streamnccl/live/" + key, 0) == ranks) {
+    if (store.add(keys::splitLive(key), 0) == ranks) {
       common.insert(key);
     }
   }
@@ -139,13 +140,13 @@ std::unique_ptr<Path> CudaPathFactory::open(const c10::Device& device) {
   }
   auto path = std::make_unique<Path>();
   path->device = std::make_shared<CudaDevice>(cuda_, device, options_->useHighPriorityStreams());
-  path->communicator = std::make_shared<NcclCommunicator>(
-      nccl_, cuda_, store_, rank_, size_, device,
-      NcclMembership{{},
-                     "streamnccl/ncclUniqueId/" + std::to_string(number),
-                     rankName(rank_, size_, device) + "]",
-                     options_->group_name},
-      options_->timeout, options_->ncclConfig);
+  path->communicator =
+      std::make_shared<NcclCommunicator>(nccl_, cuda_, store_, rank_, size_, device,
+                                         NcclMembership{{},
+                                                        keys::ncclUniqueId(number),
+                                                        rankName(rank_, size_, device) + "]",
+                                                        options_->group_name},
+                                         options_->timeout, options_->ncclConfig);
   return path;
 }
 
@@ -158,8 +159,7 @@ PeerLanes CudaPathFactory::openPeer(const c10::Device& requested, int peer) {
     std::lock_guard<std::mutex> lock(mutex_);
     number = lanesOpened_[peer]++;
   }
-  const std::string pair = "streamnccl/p2p/" + std::to_string(low) + "-" + std::to_string(high) +
-                           "/" + std::to_string(number);
+  const std::string pair = keys::lanePair(low, high, number);
   // Each lane connects in the background; until it has, its stream's work waits in a gate, so
   // that this rank's first message to a peer never waits for that peer's own first contact.
   // With one hardware queue the two lanes share one gate, opened once both have connected:

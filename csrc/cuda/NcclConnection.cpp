@@ -1,5 +1,6 @@
 #include "cuda/NcclConnection.hpp"
 
+#include "core/Backoff.hpp"
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
 #include "cuda/NcclErrors.hpp"
@@ -19,17 +20,11 @@ constexpr int kNcclMaxCtas = 64;
 // Store is asked whether another member gave up.
 constexpr int kPollsPerStoreCheck = 8;
 
-// Polling that starts fast (most waits are short) and settles at a few checks per 10 ms.
-class Backoff {
- public:
-  void pause() {
-    std::this_thread::sleep_for(pause_);
-    pause_ = std::min(pause_ * 2, std::chrono::microseconds(2000));
-  }
-
- private:
-  std::chrono::microseconds pause_{20};
-};
+// How NCCL's state and the Store are polled: fast at first (most waits are short), then settled
+// at a few checks per 10 ms.
+Backoff pollingBackoff() {
+  return Backoff(std::chrono::microseconds(20), std::chrono::microseconds(2000));
+}
 
 // NCCL keeps the pointer it is given as a communicator's name (ncclConfig_t::commName), and a
 // communicator may outlive its connection (left for CUDA graphs, or aborted on a thread of its
@@ -133,7 +128,7 @@ ncclUniqueId NcclConnection::exchangeId(std::chrono::steady_clock::time_point de
     return id;
   }
   // Polled rather than a blocking get, so that abort() and the deadline can end the wait.
-  Backoff backoff;
+  Backoff backoff = pollingBackoff();
   while (!store.check({settings_.idKey})) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -250,7 +245,7 @@ ncclConfig_t NcclConnection::ncclConfig() const {
 ncclResult_t NcclConnection::pollUntilSettled(ncclComm_t comm, const char* call,
                                               std::chrono::steady_clock::time_point deadline,
                                               bool ofParentMakingChild) const {
-  Backoff backoff;
+  Backoff backoff = pollingBackoff();
   int polls = 0;
   while (true) {
     ncclResult_t state = ncclSuccess;

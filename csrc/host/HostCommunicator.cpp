@@ -1,5 +1,6 @@
 #include "host/HostCommunicator.hpp"
 
+#include "core/Backoff.hpp"
 #include "core/Errors.hpp"
 
 #include <ATen/ATen.h>
@@ -303,7 +304,7 @@ void HostCommunicator::postGrouped(std::vector<Grouped>& grouped,
   // peer holds up its own calls alone (in a group they may progress in any order): calls to
   // one peer keep their order, and so do collectives among themselves.
   const auto deadline = opened_->deadlineFromNow();
-  auto pause = std::chrono::microseconds(200);
+  Backoff backoff(std::chrono::microseconds(200), std::chrono::microseconds(20000));
   while (!grouped.empty()) {
     std::set<int> heldPeers;
     bool collectiveHeld = false;
@@ -325,13 +326,12 @@ void HostCommunicator::postGrouped(std::vector<Grouped>& grouped,
     }
     grouped = std::move(later);
     if (grouped.empty() || progressed) {
-      pause = std::chrono::microseconds(200);
+      backoff.reset();
       continue;
     }
     refuseIfAborted();
     opened_->raiseIfPast(deadline, grouped.front().peer);
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+    backoff.pause();
   }
 }
 

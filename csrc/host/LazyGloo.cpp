@@ -1,6 +1,8 @@
 #include "host/LazyGloo.hpp"
 
+#include "core/Backoff.hpp"
 #include "core/Errors.hpp"
+#include "core/StoreKeys.hpp"
 
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -12,13 +14,6 @@
 #include <thread>
 
 namespace streamnccl {
-namespace {
-
-// Where a group's Gloo meets, under the group's store: apart from streamnccl's own keys.
-constexpr const char* kGlooStorePrefix = "streamnccl/gloo/";
-
-}  // namespace
-
 std::shared_ptr<LazyGloo> LazyGloo::of(c10::intrusive_ptr<c10d::Backend> gloo) {
   auto lazy = std::make_shared<LazyGloo>();
   lazy->rank_ = gloo->getRank();
@@ -36,7 +31,7 @@ std::shared_ptr<LazyGloo> LazyGloo::deferred(Open open,
   lazy->size_ = size;
   lazy->timeout_ = timeout;
   lazy->open_ = std::move(open);
-  lazy->store_ = c10::make_intrusive<c10d::PrefixStore>(kGlooStorePrefix, store);
+  lazy->store_ = c10::make_intrusive<c10d::PrefixStore>(keys::gloo(), store);
   lazy->seenOpen_ = std::make_unique<std::atomic<bool>[]>(size);
   for (int member = 0; member < size; ++member) {
     lazy->seenOpen_[member] = member == rank;
@@ -162,15 +157,14 @@ void LazyGloo::awaitOpen(std::optional<int> peer, const std::function<bool()>& a
     return;
   }
   const auto deadline = deadlineFromNow();
-  auto pause = std::chrono::microseconds(200);
+  Backoff backoff(std::chrono::microseconds(200), std::chrono::microseconds(20000));
   // Polled rather than a blocking wait, so that abort() and the deadline end it.
   while (!isOpen(peer)) {
     if (aborted()) {
       throwDistBackendError("the host communicator was aborted");
     }
     raiseIfPast(deadline, peer);
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+    backoff.pause();
   }
 }
 
@@ -186,7 +180,7 @@ std::shared_ptr<LazyGloo> LazyGloo::split(const c10::intrusive_ptr<c10d::Store>&
                     static_cast<int>(ranks.size()), timeout);
   }
   const auto gloo = get();
-  auto glooStore = c10::make_intrusive<c10d::PrefixStore>(kGlooStorePrefix, store);
+  auto glooStore = c10::make_intrusive<c10d::PrefixStore>(keys::gloo(), store);
   auto subgroup = gloo->split(glooStore, ranks, gloo->getBackendOptions());
   TORCH_CHECK(subgroup, "streamnccl: Gloo did not split for ranks ", c10::Join(", ", ranks));
   return of(std::move(subgroup));

@@ -98,9 +98,7 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     # torchelastic's restarted workers meet in the same store as the attempt before them, whose
     # keys are still there: Gloo would read the dead workers' addresses, and the NCCL path
     # their unique ids. Each attempt keeps to keys of its own.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is not None:
-        store = dist.PrefixStore(f"streamnccl/attempt/{attempt}/", store)
+    store = _C._store_of_this_attempt(store)
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
     if len(global_ranks) != size:
         global_ranks = list(range(size))
