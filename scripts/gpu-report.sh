@@ -32,8 +32,11 @@ step() {
   [ "$rc" -eq 0 ] || failed=1
 }
 
+# A limit per test where pytest-timeout is installed (pytest refuses --timeout without it).
+per_test=()
+"$PYTHON" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 90)
 step gpu-check 300 'PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|gpu-check:' \
-  env PYTHON="$PYTHON" bash scripts/gpu-check.sh --timeout 90
+  env PYTHON="$PYTHON" bash scripts/gpu-check.sh "${per_test[@]}"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 bench=(-m streamnccl.bench --device cuda --baseline nccl -b 8 -e 64M -f 8 -n 500 --rounds 10 -c)
 step bench-sync 120 'ratio:|wrong' "$PYTHON" "${bench[@]}"
