@@ -249,7 +249,7 @@ PYBIND11_MODULE(_C, m) {
         return self.wait(timeout);
       },
       py::arg("timeout") = kNoTimeout,
-      "Waits for the op as c10d's Work.wait() does (see the README's stream contract).");
+      "Waits for the op as c10d's Work.wait() does (see docs/stream-contract.md).");
 
   py::class_<ProcessGroup, c10d::Backend, NoGilDestructor<ProcessGroup>> group(m, "ProcessGroup");
   group

@@ -33,7 +33,7 @@ def test_survivors_of_a_dead_rank_shrink_and_finish_training_alike(tmp_path):
         assert failed, output
         # "rank 3 did not answer", or "ranks 1, 3" where a live rank's watcher ran late.
         assert re.search(r"ranks? [0-9, ]*\b3 did not answer the group's roll call", failed[2])
-        # Printed, and reported in the README; bounded here only far below any timeout.
+        # Printed, and reported in docs/errors.md; bounded here only far below any timeout.
         assert float(failed[1]) < 30, output
         assert f"rank {rank}: now rank {rank} of 3" in output, output
         assert re.search(rf"rank {rank}: first step of the shrunk group done [0-9.]+ s", output)

@@ -1,7 +1,7 @@
 #pragma once
 
 // The torch release being compiled against, for the few places where c10d's interface differs
-// between the releases streamnccl supports (2.11 to 2.15; see the README's table).
+// between the releases streamnccl supports (2.11 to 2.15; see docs/torch-releases.md).
 
 #include <torch/version.h>
 
