@@ -1,7 +1,8 @@
 #pragma once
 
-// The stream contract. ProcessGroup::launch() is the one place that follows it; every op goes
-// through there. Per process group and device:
+// The stream contract. ProcessGroup::issue() is the one place that follows it; every op goes
+// through there (by way of launch(), which opens the profiler's range). Per process group and
+// device:
 //
 //  1. async_op=False: the op is enqueued on the caller's current stream. No internal stream,
 //     and no stream ever waits for an event; one event `end` is recorded after the op so the
@@ -12,9 +13,11 @@
 //  3. work.wait() makes the caller's *current* stream (at the time of wait) wait on `end`;
 //     the host is not blocked. wait(timeout), or the blockingWait option, also blocks the host
 //     until `end` completes, and raises DistBackendError once the timeout has passed.
-//  4. work.is_completed() queries `end` without blocking. work.get_future() is completed from
-//     inside the op's enqueued task, after the op's own kernels (copy-backs, AVG's division),
-//     so on CUDA it is marked with the op's stream current and then() callbacks (DDP comm
+//  4. work.is_completed() queries `end` without blocking. work.get_future()'s future is made
+//     at the first ask. Asked before the op settled, it is completed from inside the op's
+//     enqueued task, after the op's own kernels (copy-backs, AVG's division), so on CUDA it
+//     is marked with the op's stream current; asked after, it is made completed, its device
+//     events following `end` (completedFuture below). Either way then() callbacks (DDP comm
 //     hooks) are ordered after the whole op.
 //  5. Every input and output of an async op stays referenced by its Work until `end` has
 //     completed (and no longer: once it has, the next call on the group, or wait(), lets them

@@ -44,8 +44,8 @@ struct RecordedOp {
 };
 
 // The recorder's clock, read at most once for what one caller records at one moment: a launch
-// that retires the ops ended before it and records itself reads it once, not for each (25 ns a
-// read), and not at all when nothing is recorded.
+// that retires the ops ended before it and records itself reads it once, not for each, and not
+// at all when nothing is recorded.
 class RecorderClock {
  public:
   int64_t nowNs();

@@ -91,8 +91,9 @@ class Options : public c10d::Backend::Options {
   };
   std::optional<TestFault> testFault;
 
-  // A copy of `explicitSettings` with every unset setting resolved. The only function in the
-  // project that reads the environment.
+  // A copy of `explicitSettings` with every unset setting resolved. Every STREAMNCCL_*
+  // variable is read here; the one other variable streamnccl reads is torchelastic's
+  // TORCHELASTIC_RESTART_COUNT (keys::storeOfThisAttempt, StoreKeys.hpp).
   static c10::intrusive_ptr<Options> fromEnv(const Options& explicitSettings);
 
   bool useHighPriorityStreams() const { return highPriorityStreams.value_or(false); }

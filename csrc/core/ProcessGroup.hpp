@@ -32,7 +32,7 @@ namespace streamnccl {
 
 // The c10d::Backend registered as "streamnccl". It validates every call, lowers it to
 // buffer-level Communicator calls (Collectives.cpp, PointToPoint.cpp) and launches them
-// through launch(), which follows the stream contract written in Device.hpp. It knows
+// through launch() and issue(), which follows the stream contract written in Device.hpp. It knows
 // neither CUDA, NCCL nor Gloo: the paths for each device type come from the PathFactory
 // given at construction.
 class ProcessGroup final : public c10d::Backend {
@@ -274,7 +274,7 @@ class ProcessGroup final : public c10d::Backend {
     // copies, buffers computed in), called as issue(scratch, comm, kernels, stream) and
     // finish(scratch, kernels) (`finish` may be nullptr). The scratch and both closures are
     // made in one allocation; the std::functions hold only a pointer to it, which they store
-    // inline. Every op's launch path pays this: apart, they were three or four allocations.
+    // inline: one allocation for every op's launch.
     template <typename Scratch, typename Issue, typename Finish>
     static Steps over(Issue issue, Finish finish) {
       return over(Scratch{}, std::move(issue), std::move(finish));

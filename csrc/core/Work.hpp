@@ -131,8 +131,8 @@ class Work : public c10d::Work {
   const std::vector<at::Tensor>& outputs() const { return outputs_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Whether the op's timeout has passed by `now`, counted from the first time the watchdog
-  // asks (within one of its periods of the launch): reading the clock costs every launch
-  // about 25 ns otherwise. Called by the watchdog only, with its lock held.
+  // asks (within one of its periods of the launch), so that the launch does not read the clock.
+  // Called by the watchdog only, with its lock held.
   bool expiredBy(std::chrono::steady_clock::time_point now) {
     if (!deadline_) {
       deadline_ = now + timeout_;
