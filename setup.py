@@ -124,7 +124,7 @@ def extensions():
         },
         extra_link_args=[libstdcxx] if libstdcxx else [],
     )
-    product = ["csrc", "csrc/core", "csrc/host"]
+    product = ["csrc", "csrc/core", "csrc/core/hooks", "csrc/host"]
     doubles = ["csrc/testing", "csrc/sim"]
     nccl = find_nccl() if nccl_wanted() else None
     make = cpp_extension.CppExtension

@@ -11,7 +11,7 @@ namespace streamnccl {
 void ProcessGroup::registerOnCompletionHook(
     std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) {
   TORCH_CHECK_VALUE(hook, "streamnccl: registerOnCompletionHook: the hook is empty");
-  timed_.store(true);  // its WorkInfo's active duration: the ops' times on their streams
+  launcher_.setTimed();  // its WorkInfo's active duration: the ops' times on their streams
   // What c10d's hasHooks() reads: torch then waits for pending works before destroying the
   // group. The hooks themselves are called from CompletionHooks.
   onCompletionHook_ = [](const std::shared_ptr<c10d::WorkInfo>&) {};

@@ -21,10 +21,11 @@ class InflightWrites;
 
 class Kernels {
  public:
-  // `ownWrites`: the group's, when the kernels are an async op's own and its in-flight writes
-  // are checked (InflightWrites.hpp): what each kernel bumps is credited to the group.
-  explicit Kernels(Device& device, InflightWrites* ownWrites = nullptr)
-      : device_(device), ownWrites_(ownWrites) {}
+  explicit Kernels(Device& device) : device_(device) {}
+
+  // For an async op's own kernels where in-flight writes are checked (InflightWrites.hpp): what
+  // each kernel bumps is credited to the group, set before the first kernel.
+  void creditWritesTo(InflightWrites* group) { ownWrites_ = group; }
 
   // `tensor` itself when it is contiguous, else a contiguous copy of it.
   at::Tensor contiguous(const at::Tensor& tensor);
@@ -46,7 +47,7 @@ class Kernels {
               c10::ArrayRef<at::Tensor> inputs, int64_t scalar);
 
   Device& device_;
-  InflightWrites* const ownWrites_;
+  InflightWrites* ownWrites_ = nullptr;
 };
 
 }  // namespace streamnccl

@@ -36,7 +36,7 @@ struct Reduction {
 };
 
 // The temporaries an op's issue step makes for the communicator (contiguous copies, gathered
-// or concatenated buffers), kept by the op's steps (ProcessGroup::Steps::over) until its task
+// or concatenated buffers), kept by the op's steps (Steps::over, Launch.hpp) until its task
 // ends: inside a group NCCL reads them only at ncclGroupEnd, and a temporary freed before
 // would be handed by the caching allocator to the next allocation on the same stream, whose
 // kernels run first. One (an at::Tensor), two, or as many as the op needs.

@@ -5,22 +5,16 @@
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
 #include "core/StoreKeys.hpp"
+#include "core/hooks/Hooks.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
 #include <c10/util/ScopeExit.h>
-#include <c10/util/StringUtil.h>
-#include <c10/util/irange.h>
 
-#include <ATen/record_function.h>
-#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
-#include <array>
-#include <cstdlib>
 #include <numeric>
-#include <sstream>
 #include <utility>
 
 namespace streamnccl {
@@ -41,6 +35,13 @@ int validRank(int rank, int size) {
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "streamnccl: rank ", rank,
                     " is not in [0, ", size, ")");
   return rank;
+}
+
+// 0 to size - 1: a group's members' global ranks until setGlobalRanks() says otherwise.
+std::vector<int> makeGlobalRanks(int size) {
+  std::vector<int> ranks(size);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
 }
 
 // Where this group shares its breaks with its other ranks (Options::propagateErrors), or null.
@@ -69,12 +70,27 @@ ProcessGroup::ProcessGroup(Key /*key*/, int rank, int size,
       watchdog_(Watchdog::start(
           health_, stats_, [this] { return groupInfo(); },
           breakBoardFor(store_, rank, size, *options_))),
-      inflightWrites_(options_->useInflightWriteChecks() ? std::make_shared<InflightWrites>()
-                                                         : nullptr),
-      uid_(groupsMade++) {
-  timed_.store(options_->useTiming());
-  globalRanks_.resize(size);
-  std::iota(globalRanks_.begin(), globalRanks_.end(), 0);
+      uid_(groupsMade++),
+      globalRanks_(makeGlobalRanks(size)),
+      launcher_(*this, *options_, watchdog_, launchHooks()) {}
+
+LaunchHooks ProcessGroup::launchHooks() {
+  const hooks::GroupView view{*this, globalRanks_};
+  LaunchHooks made;
+  made.push_back(hooks::profilerRange(view));  // first: its range holds the others' work
+  made.push_back(hooks::recorderEntries(view, uid_));
+  if (options_->useDebugChecks()) {
+    made.push_back(hooks::sameOpCheck(view, store_, watchdog_));
+  }
+  if (options_->testFault && options_->testFault->rank == getRank()) {
+    made.push_back(hooks::testFault(*options_->testFault));
+  }
+  made.push_back(hooks::statsCount(stats_));
+  if (options_->useInflightWriteChecks()) {
+    made.push_back(hooks::inflightWritesWatch(std::make_shared<InflightWrites>()));
+  }
+  made.push_back(hooks::issueTimes(watchdog_));
+  return made;
 }
 
 void ProcessGroup::shutdownAll() {
@@ -369,22 +385,6 @@ void ProcessGroup::setGlobalRanks(std::vector<int> globalRanks) {
   globalRanks_ = std::move(globalRanks);
 }
 
-const std::shared_ptr<const RecordedGroup>& ProcessGroup::recordedGroup() {
-  if (recordedGroupReady_.load(std::memory_order_acquire)) {  // every op but the first
-    return recordedGroup_;
-  }
-  std::call_once(recordedGroupMade_, [&] {
-    auto group = std::make_shared<RecordedGroup>();
-    group->uid = uid_;
-    group->name = getGroupUid().empty() ? std::to_string(uid_) : getGroupUid();
-    group->desc = getGroupDesc();
-    group->globalRanks = globalRanks_;
-    recordedGroup_ = std::move(group);
-    recordedGroupReady_.store(true, std::memory_order_release);
-  });
-  return recordedGroup_;
-}
-
 void ProcessGroup::eagerConnectSingleDevice(at::Device device) {
   pathFor(device, "eager_connect_single_device");
 }
@@ -429,458 +429,10 @@ Path& ProcessGroup::anySourceLaneFor(const c10::Device& device, const char* op) 
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::submit(Launch launch, Path& path, Steps steps) {
-  if (!coalescing_) {
-    return this->launch(std::move(launch), path, std::move(steps));
-  }
-  Coalesced& group = *coalescing_;
-  if (group.path == nullptr) {
-    group.path = &path;
-    group.future = makeFuture(*path.device);
-  }
-  STREAMNCCL_CHECK_ARG(group.path == &path, launch.op, "tensors on ", path.device->device(),
-                       " cannot join a coalesced group on ", group.path->device->device(),
-                       "; one group runs on one device");
-  group.steps.push_back(std::move(steps));
-  group.inputs.insert(group.inputs.end(), launch.inputs.get().begin(), launch.inputs.get().end());
-  group.outputs.insert(group.outputs.end(), launch.outputs.begin(), launch.outputs.end());
-  // The group's future: waiting on it waits for the whole group, once it has been ended.
-  return c10d::Work::create_from_future(group.future);
-}
-
-namespace {
-
-int64_t elementsOf(const std::vector<at::Tensor>& tensors) {
-  int64_t count = 0;
-  for (const auto& tensor : tensors) {
-    count += tensor.numel();
-  }
-  return count;
-}
-
-uint64_t bytesOf(const std::vector<at::Tensor>& tensors) {
-  uint64_t bytes = 0;
-  for (const auto& tensor : tensors) {
-    bytes += tensor.nbytes();
-  }
-  return bytes;
-}
-
-// "nccl:" and the op's kind, made once per kind rather than at every launch.
-const std::string& profilingName(c10d::OpType opType) {
-  static const auto names = [] {
-    std::array<std::string, static_cast<size_t>(c10d::OpType::UNKNOWN) + 1> made;
-    for (size_t type = 0; type < made.size(); ++type) {
-      const auto opType = static_cast<c10d::OpType>(type);
-      made[type] = std::string("nccl:") +
-                   (opType == c10d::OpType::BARRIER ? "all_reduce_barrier" : opKindName(opType));
-    }
-    return made;
-  }();
-  return names.at(static_cast<size_t>(opType));
-}
-
-bool isPointToPoint(c10d::OpType opType) {
-  return opType == c10d::OpType::SEND || opType == c10d::OpType::RECV ||
-         opType == c10d::OpType::RECVANYSOURCE;
-}
-
-}  // namespace
-
 c10::intrusive_ptr<Work> ProcessGroup::launch(Launch launch, Path& path, Steps steps,
                                               c10::intrusive_ptr<c10::ivalue::Future> future) {
-  // RECORD_PARAM_COMMS_DATA's steps, as ProcessGroupNCCL takes them, with its range asked
-  // first: when nothing observes ops (the common case) that answer is lock-free, and nothing
-  // of the metadata is made. The range takes one sampling step, as the macro's does. The
-  // metadata outlives the range, as the macro's: the profiler reads it at the range's ends.
-  std::optional<c10::DebugInfoGuard> metadata;
-  std::vector<c10::IValue> params;  // the range keeps a view of them until it ends
-  at::RecordFunction range(at::RecordScope::FUNCTION);
-  if (!range.isActive()) {
-    return issue(std::move(launch), path, std::move(steps), std::move(future));
-  }
-  // The group's members as the profiler's metadata describes them: a start and a stride
-  // when they are evenly spaced (-1 when not).
-  const int start = globalRanks_.front();
-  int stride = globalRanks_.size() > 1 ? globalRanks_[1] - globalRanks_[0] : 1;
-  for (size_t i = 1; i < globalRanks_.size(); ++i) {
-    if (globalRanks_[i] - globalRanks_[i - 1] != stride) {
-      stride = -1;
-    }
-  }
-  const auto seq =
-      std::make_tuple(static_cast<int64_t>(seq_.load() + 1), isPointToPoint(launch.opType));
-  const auto name = std::make_tuple(getGroupUid(), getGroupDesc());
-  metadata.emplace(c10::DebugInfoKind::PARAM_COMMS_INFO,
-                   std::make_shared<torch::ParamCommsDebugInfo>(
-                       name, getRank(), launch.op, elementsOf(launch.inputs.get()),
-                       elementsOf(launch.outputs), launch.shapeOf.scalar_type(),
-                       launch.inputSplitSizes, launch.outputSplitSizes, start, stride, getSize()));
-  if (range.needsInputs()) {
-    const std::initializer_list<const c10::IValue> values = {c10::IValue(launch.inputs.get()),
-                                                             seq,
-                                                             name,
-                                                             getRank(),
-                                                             launch.op,
-                                                             launch.inputSplitSizes,
-                                                             launch.outputSplitSizes,
-                                                             start,
-                                                             stride,
-                                                             getSize()};
-    params.assign(values.begin(), values.end());
-    range.before(at::kParamCommsCallName,
-                 c10::ArrayRef<const c10::IValue>(params.data(), params.size()));
-  } else {
-    range.before(at::kParamCommsCallName);
-  }
-  if (range.needsOutputs()) {
-    range.setOutputs(std::vector<c10::IValue>(1, c10::IValue(launch.outputs)));
-  }
-  return issue(std::move(launch), path, std::move(steps), std::move(future));
-}
-
-int64_t ProcessGroup::trace(const Launch& launch, std::chrono::milliseconds timeout,
-                            RecorderClock& clock) {
-  const bool p2p = isPointToPoint(launch.opType);
-  ++(p2p ? p2pSeq_ : collectiveSeq_);
-  ++opId_;
-  FlightRecorder& recorder = FlightRecorder::instance();
-  if (!recorder.enabled()) {
-    return -1;
-  }
-  RecordedOp op;
-  // As ProcessGroupNCCL names its ops, which is what the analyzer knows.
-  op.profilingName = profilingName(launch.opType);
-  if (launch.opType == c10d::OpType::SEND) {
-    op.profilingName += " " + std::to_string(getRank()) + "->" + std::to_string(launch.peer);
-  } else if (p2p) {
-    op.profilingName += " " + std::to_string(getRank()) + "<-" + std::to_string(launch.peer);
-  }
-  op.p2p = p2p;
-  op.collectiveSeq = collectiveSeq_;
-  op.p2pSeq = p2pSeq_;
-  op.opId = opId_;
-  op.timeout = timeout;
-  return recorder.record(recordedGroup(), std::move(op), launch.inputs.get(), launch.outputs,
-                         clock);
-}
-
-void ProcessGroup::runTask(Work& work, const Steps& steps, Communicator& communicator,
-                           c10::Stream opStream, Watchdog& watchdog, bool startsWithTask,
-                           InflightWriteCheck* writes) {
-  const OpInfo& info = work.info();
-  // A failure breaks the group: its ranks can no longer be assumed in step.
-  try {
-    if (startsWithTask) {
-      watchdog.health().recorder().started(info.traceId);
-    }
-    Kernels kernels(work.device(), writes ? &writes->group() : nullptr);
-    steps.issue(communicator, kernels, opStream);
-    if (steps.finish) {
-      steps.finish(kernels);
-    }
-    if (writes) {
-      writes->noteCompleted();  // before the future's callbacks, which may write the result
-    }
-    work.succeed();  // completed is recorded when its end event has passed
-  } catch (...) {
-    const std::exception_ptr cause = std::current_exception();
-    watchdog.health().recorder().failed(info.traceId, describeException(cause));
-    // The op fails once the group's dump is written: whoever learns of it finds the dump.
-    watchdog.breakGroup(
-        info, work.failureFor(cause),
-        [&](const std::string& news) { work.fail(Watchdog::withNews(cause, news)); },
-        Watchdog::BreakAs{isTimeout(cause) ? GroupHealth::Cause::Timeout
-                                           : GroupHealth::Cause::Fault});
-  }
-}
-
-c10::intrusive_ptr<Work> ProcessGroup::issue(Launch launch, Path& path, Steps steps,
-                                             c10::intrusive_ptr<c10::ivalue::Future> future) {
   refuseIfBroken(launch.op);
-  Device& device = *path.device;
-  const c10::Stream current = device.currentStream();
-  // Work captured into a CUDA graph runs at each replay, not now: nothing of it can be
-  // waited for or queried from the host, so it is neither tracked nor timed. Nor may this
-  // thread query events during its capture.
-  const bool captured = device.isCapturing(current);
-  if (captured) {
-    // A lane still connecting would issue the op after the capture has ended.
-    path.communicator->waitReady();
-    path.communicator->noteCaptured();  // NCCL now ties the communicator to the graph
-    // Its future is completed inside the capture, as its task issues it, not at a later ask.
-    if (!future) {
-      future = makeFuture(device);
-    }
-  }
-  RecorderClock clock;  // one read dates the earlier ops' ends and this op's launch
-  if (!captured) {
-    watchdog_->releaseCompleted(clock);  // earlier ops that completed, recorded before this one
-  }
-  OpInfo info;
-  info.name = launch.op;
-  info.seq = ++seq_;
-  info.rank = getRank();
-  info.size = getSize();
-  info.group = getGroupUid();
-  const auto sizes = launch.shapeOf.sizes();
-  info.shape.assign(sizes.begin(), sizes.end());
-  info.dtype = launch.shapeOf.scalar_type();
-  const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_->timeout : launch.timeout;
-  info.traceId = trace(launch, timeout, clock);
-  info.path = path.description;
-  // Only async ops: a sync one has run, or is queued on the caller's own stream, when the call
-  // returns. A captured op runs at replays, to which versions now say nothing.
-  std::shared_ptr<InflightWriteCheck> writes;
-  if (inflightWrites_ && launch.async && !captured) {
-    writes = inflightWrites_->watch(info, launch.inputs.get(), launch.outputs);
-  }
-  if (options_->useDebugChecks()) {
-    checkSameOpOnEveryRank(info, launch);
-  }
-  injectTestFault(info, steps);
-  const uint64_t bytes = std::max(bytesOf(launch.inputs.get()), bytesOf(launch.outputs));
-
-  const c10::Stream opStream = launch.async ? device.internalStream() : current;
-  const bool blockHostOnWait = launch.blockHostOnWait || options_->useBlockingWait();
-  std::vector<at::Tensor> inUse;
-  if (launch.async) {
-    inUse = std::move(launch.inputs).take();
-    inUse.insert(inUse.end(), launch.outputs.begin(), launch.outputs.end());
-  }
-  auto work = c10::make_intrusive<Work>(std::move(info), launch.opType, path.device,
-                                        std::move(launch.outputs), timeout, blockHostOnWait,
-                                        watchdog_, std::move(future));
-  work->setCommunicator(path.communicator.get());
-  if (launch.sourceRank) {
-    work->reportSourceRank(launch.sourceRank);
-  }
-  if (writes) {
-    work->checkWrites(writes);
-  }
-  // Counted as in flight until the watchdog retires it (captured ops are never tracked).
-  stats_->launched(launch.opType, bytes, /*tracked=*/!captured);
-
-  // A captured op's steps are shared with its Work, whose replays use the temporaries they
-  // hold; any other op's go with its task alone.
-  std::shared_ptr<const Steps> held;
-  if (captured) {
-    held = std::make_shared<const Steps>(std::move(steps));
-  }
-  // Where the task runs when its stream reaches it (the host), its running is the op's start;
-  // on CUDA it runs at issue, and the start is the start event's (the watchdog's to see).
-  const bool startsWithTask = device.tasksRunInStreamOrder();
-  // The task holds its Work (the op's outcome), communicator and steps until it has run,
-  // whatever the caller drops: a device that keeps it (the host's worker, a lane still
-  // connecting) takes the owning copy, one that runs it at once (CUDA) the borrowing one,
-  // which costs no reference counts. Where writes are checked, the op's own are not the
-  // caller's: what its kernels bump is credited to the group, and what its communicator
-  // writes bumps no counter.
-  std::shared_ptr<Communicator> unversioned;
-  if (writes) {
-    unversioned = std::make_shared<UnversionedCommunicator>(path.communicator);
-  }
-  const std::shared_ptr<Communicator>& communicator = writes ? unversioned : path.communicator;
-  auto runNow = [&] {
-    runTask(*work, held ? *held : steps, *communicator, opStream, *watchdog_, startsWithTask,
-            writes.get());
-  };
-  auto keep = [&]() -> std::function<void()> {
-    return [work, held, steps = std::move(steps), communicator, opStream, watchdog = watchdog_,
-            startsWithTask, writes] {
-      runTask(*work, held ? *held : steps, *communicator, opStream, *watchdog, startsWithTask,
-              writes.get());
-    };
-  };
-  Task task(runNow, keep);
-
-  // Timed ops are timed on their stream, from an event before the op to its end event.
-  const bool timed = timed_.load(std::memory_order_relaxed) && !captured;
-  if (watchdog_->completionHooks().active()) {
-    work->noteIssued(std::chrono::steady_clock::now());
-  }
-  if (!launch.async) {
-    std::unique_ptr<Event> start;
-    if (timed) {
-      start = device.createTimedEvent();
-      start->record(current);
-    }
-    device.enqueue(current, std::move(task));
-    // A sync op has been issued (CUDA) or has run (host): a failure so far is raised here.
-    if (auto failure = work->exception()) {
-      if (!captured) {
-        watchdog_->track(work);  // so that its end is counted, as failed
-      }
-      std::rethrow_exception(failure);
-    }
-    if (captured) {
-      // On the caller's stream, like everything it uses: nothing to hold for the replays.
-      return work;
-    }
-    // Its end is marked for the watchdog, so that a sync op stuck on the caller's stream
-    // times out too; nothing ever waits on this event.
-    auto end = timed ? device.createTimedEvent() : device.createEvent();
-    end->record(current);
-    work->setStart(std::move(start));
-    work->setEnd(std::move(end), {}, /*joinOnWait=*/false);
-    watchdog_->track(work);
-    return work;
-  }
-
-  auto ready = device.createEvent();
-  ready->record(current);
-  ready->block(opStream);
-  if (timed) {
-    auto start = device.createTimedEvent();
-    start->record(opStream);
-    work->setStart(std::move(start));
-  }
-  device.enqueue(opStream, std::move(task));
-  auto end = timed ? device.createTimedEvent() : device.createEvent();
-  end->record(opStream);
-  work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);
-  if (captured) {
-    // The graph's kernels use the tensors, the factor and the temporaries at every replay; on
-    // the internal stream, unordered with later work on the caller's stream until wait()
-    // joins them. So the Work holds them all until then (the group, if it is never waited).
-    work->markCaptured(held);
-    watchdog_->trackCaptured(work);
-    return work;
-  }
-  watchdog_->track(work);
-  return work;
-}
-
-c10::intrusive_ptr<c10::ivalue::Future> ProcessGroup::makeFuture(const Device& device) {
-  return c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device.futureDevices());
-}
-
-void ProcessGroup::checkSameOpOnEveryRank(const OpInfo& info, const Launch& launch) {
-  using c10d::OpType;
-  const OpType opType = launch.opType;
-  // Point-to-point ops, alone or batched, involve only some ranks: nothing to match.
-  if (opType == OpType::SEND || opType == OpType::RECV || opType == OpType::COALESCED) {
-    return;
-  }
-  TORCH_CHECK(store_, "streamnccl: debug checks need the group's Store");
-  // Ops whose tensors may differ in shape between ranks are matched by name and dtype only.
-  const bool shapesMatch = opType != OpType::ALLTOALL_BASE && opType != OpType::ALLTOALL &&
-                           opType != OpType::GATHER && opType != OpType::SCATTER;
-  std::ostringstream mine;
-  mine << info.name << " (";
-  if (shapesMatch) {
-    mine << "[" << c10::Join(", ", info.shape) << "], ";
-  }
-  mine << c10::toString(info.dtype);
-  if (opType == OpType::ALLTOALL_BASE) {
-    // Without them NCCL's path may take ncclAlltoAll, which need not meet sends and recvs on
-    // the other ranks (PointToPoint.cpp).
-    const bool given = !launch.inputSplitSizes.empty() || !launch.outputSplitSizes.empty();
-    mine << (given ? ", split sizes given" : ", no split sizes");
-  }
-  mine << ")";
-  const std::string prefix = keys::debugCheck(++checkedCollectives_);
-  const std::string text = mine.str();
-  store_->set(prefix + std::to_string(getRank()), std::vector<uint8_t>(text.begin(), text.end()));
-  for (const auto peer : c10::irange(getSize())) {
-    if (peer == getRank()) {
-      continue;
-    }
-    const auto bytes = store_->get(prefix + std::to_string(peer));
-    const std::string theirs(bytes.begin(), bytes.end());
-    if (theirs != text) {
-      auto error =
-          makeDistBackendError(info.describe() + ": debug check failed: this rank issued " + text +
-                               " but rank " + std::to_string(peer) + " issued " + theirs +
-                               " as collective #" + std::to_string(checkedCollectives_));
-      health_->recorder().failed(info.traceId, describeException(error));
-      watchdog_->breakGroup(groupInfo(), error);
-      std::rethrow_exception(error);
-    }
-  }
-}
-
-void ProcessGroup::injectTestFault(const OpInfo& info, Steps& steps) const {
-  const auto& fault = options_->testFault;
-  if (!fault || fault->rank != getRank() || fault->op != info.seq) {
-    return;
-  }
-  auto issue = std::move(steps.issue);
-  if (fault->fail) {
-    steps.issue = [](Communicator&, Kernels&, c10::Stream) {
-      throwDistBackendError("injected fault (STREAMNCCL_TEST_FAULT)");
-    };
-  } else {
-    steps.issue = [issue, delay = fault->delay](Communicator& comm, Kernels& kernels,
-                                                c10::Stream stream) {
-      std::this_thread::sleep_for(delay);
-      issue(comm, kernels, stream);
-    };
-  }
-}
-
-void ProcessGroup::startCoalescing() {
-  TORCH_CHECK_VALUE(!coalescing_,
-                    "streamnccl startCoalescing: already coalescing; "
-                    "end the open group with endCoalescing() first");
-  coalescing_.emplace();
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
-  TORCH_CHECK_VALUE(coalescing_,
-                    "streamnccl endCoalescing: no group was started "
-                    "(call startCoalescing() first)");
-  Coalesced group = std::move(*coalescing_);
-  coalescing_.reset();
-  if (group.steps.empty()) {
-    auto done = c10::make_intrusive<c10::ivalue::Future>(tensorListType());
-    done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
-    return c10d::Work::create_from_future(done);
-  }
-  const at::Tensor shapeOf = group.inputs.empty() ? group.outputs.front() : group.inputs.front();
-  Steps combined{[steps = group.steps](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-                   CommunicatorGroup group(comm);
-                   for (const auto& step : steps) {
-                     step.issue(comm, kernels, stream);
-                   }
-                   group.end();
-                 },
-                 [steps = group.steps](Kernels& kernels) {
-                   for (const auto& step : steps) {
-                     if (step.finish) {
-                       step.finish(kernels);
-                     }
-                   }
-                 }};
-  try {
-    return launch({"coalesced", c10d::OpType::COALESCED, shapeOf, std::move(group.inputs),
-                   std::move(group.outputs), /*async=*/true, c10d::kUnsetTimeout},
-                  *group.path, std::move(combined), group.future);
-  } catch (...) {
-    // Refused before it was issued (the group broken, the ranks' ops found to differ): the
-    // Works its ops handed out wait on this future, and must not wait for ever.
-    group.future->setErrorIfNeeded(std::current_exception());
-    throw;
-  }
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroup::coalesce(const std::function<void()>& record) {
-  const bool outer = !coalescing_;
-  if (outer) {
-    startCoalescing();
-  }
-  try {
-    record();
-  } catch (...) {
-    if (outer) {
-      coalescing_.reset();
-    }
-    throw;
-  }
-  if (outer) {
-    return endCoalescing();
-  }
-  return c10d::Work::create_from_future(coalescing_->future);
+  return launcher_.launch(std::move(launch), path, std::move(steps), std::move(future));
 }
 
 }  // namespace streamnccl

@@ -6,6 +6,7 @@
 #include "core/GroupStats.hpp"
 #include "core/InflightWrites.hpp"
 #include "core/Kernels.hpp"
+#include "core/Launcher.hpp"
 #include "core/OnceMap.hpp"
 #include "core/Options.hpp"
 #include "core/Path.hpp"
@@ -32,9 +33,9 @@ namespace streamnccl {
 
 // The c10d::Backend registered as "streamnccl". It validates every call, lowers it to
 // buffer-level Communicator calls (Collectives.cpp, PointToPoint.cpp) and launches them
-// through launch() and issue(), which follows the stream contract written in Device.hpp. It knows
-// neither CUDA, NCCL nor Gloo: the paths for each device type come from the PathFactory
-// given at construction.
+// through the launch path (Launcher.hpp), which follows the stream contract written in
+// Device.hpp. It knows neither CUDA, NCCL nor Gloo: the paths for each device type come from
+// the PathFactory given at construction.
 class ProcessGroup final : public c10d::Backend {
  public:
   using PathFactories = std::unordered_map<c10::DeviceType, std::unique_ptr<PathFactory>>;
@@ -69,7 +70,7 @@ class ProcessGroup final : public c10d::Backend {
     return c10::make_intrusive<streamnccl::Options>(*options_);
   }
   const c10::intrusive_ptr<streamnccl::Options>& options() const { return options_; }
-  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  uint64_t getSequenceNumberForGroup() override { return launcher_.launched(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsCoalescing() const override { return true; }
   // SUCCESS until the group breaks; then TIMEOUT or COMM_ERROR where it broke, REMOTE_ERROR
@@ -84,7 +85,7 @@ class ProcessGroup final : public c10d::Backend {
   // destroying a group with hooks).
   void waitForPendingWorks() override;
   // torch's _enable_collectives_timing: ops are timed from now on, as with enable_timing.
-  void enableCollectivesTiming() override { timed_.store(true); }
+  void enableCollectivesTiming() override { launcher_.setTimed(); }
   bool supportsSplitting() const override { return true; }
   // A new group of `ranks` (this group's ranks) with paths of its own, or null when this
   // rank is not among them. Collective over every rank of this group, in the same order on
@@ -254,70 +255,13 @@ class ProcessGroup final : public c10d::Backend {
   // torch.distributed.monitored_barrier (MonitoredBarrier.hpp), through the group's Store.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
 
-  // ProcessGroup.cpp
+  // GroupCoalescing.cpp
   // Between these, ops are recorded instead of launched; endCoalescing() launches them as one
   // communicator group on the internal stream and returns its one Work.
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
  private:
-  // One op's work on its stream. `issue` makes the communicator calls (inside a group when
-  // coalesced), with the kernels that prepare their buffers; `finish` then copies results
-  // where the caller wants them, after the calls in stream order. Both run inside the op's
-  // enqueued task, and issue every ATen kernel through the Kernels they are given.
-  struct Steps {
-    std::function<void(Communicator&, Kernels&, c10::Stream)> issue;
-    std::function<void(Kernels&)> finish;
-    std::shared_ptr<void> shared;  // what the two use (see over()), alive as long as they are
-
-    // Steps whose two closures share a `Scratch` (what `issue` leaves for `finish`: dense
-    // copies, buffers computed in), called as issue(scratch, comm, kernels, stream) and
-    // finish(scratch, kernels) (`finish` may be nullptr). The scratch and both closures are
-    // made in one allocation; the std::functions hold only a pointer to it, which they store
-    // inline: one allocation for every op's launch.
-    template <typename Scratch, typename Issue, typename Finish>
-    static Steps over(Issue issue, Finish finish) {
-      return over(Scratch{}, std::move(issue), std::move(finish));
-    }
-    // The same, the scratch starting as `scratch`: what both closures use (the op's tensor) is
-    // held there once, rather than captured by each.
-    template <typename Scratch, typename Issue, typename Finish>
-    static Steps over(Scratch scratch, Issue issue, Finish finish) {
-      struct Shared {
-        Scratch scratch;
-        Issue issue;
-        Finish finish;
-      };
-      auto shared =
-          std::make_shared<Shared>(Shared{std::move(scratch), std::move(issue), std::move(finish)});
-      Shared* one = shared.get();
-      Steps steps{[one](Communicator& comm, Kernels& kernels, c10::Stream stream) {
-                    one->issue(one->scratch, comm, kernels, stream);
-                  },
-                  nullptr, std::move(shared)};
-      if constexpr (!std::is_same_v<Finish, std::nullptr_t>) {
-        steps.finish = [one](Kernels& kernels) { one->finish(one->scratch, kernels); };
-      }
-      return steps;
-    }
-  };
-
-  struct Launch {
-    const char* op;
-    c10d::OpType opType;
-    const at::Tensor& shapeOf;  // the tensor whose shape and dtype messages quote
-    TensorList inputs;
-    std::vector<at::Tensor> outputs;
-    bool async;
-    std::chrono::milliseconds timeout;  // kUnsetTimeout: the group's
-    bool blockHostOnWait = false;
-    // A recv from any source: where its task writes the sender, for the Work to report.
-    std::shared_ptr<std::atomic<int>> sourceRank = nullptr;
-    int peer = -1;                         // a send's or recv's, for the flight recorder
-    std::vector<int64_t> inputSplitSizes;  // all_to_all's, for the profiler
-    std::vector<int64_t> outputSplitSizes;
-  };
-
   // The ops recorded since startCoalescing().
   struct Coalesced {
     Path* path = nullptr;
@@ -356,30 +300,12 @@ class ProcessGroup final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> coalesce(const std::function<void()>& record);
   // Launches the op now, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> submit(Launch launch, Path& path, Steps steps);
-  // When something observes ops (torch.profiler), wraps issue() in a record_param_comms range
-  // carrying the op's metadata, as ProcessGroupNCCL does; else it is issue().
-  // `future`: see Work's constructor.
+  // Launches the op through the launch path (Launcher.hpp), unless the group is broken or shut
+  // down. `future`: see Work's constructor.
   c10::intrusive_ptr<Work> launch(Launch launch, Path& path, Steps steps,
                                   c10::intrusive_ptr<c10::ivalue::Future> future = {});
-  // Issues the op following the stream contract (Device.hpp).
-  c10::intrusive_ptr<Work> issue(Launch launch, Path& path, Steps steps,
-                                 c10::intrusive_ptr<c10::ivalue::Future> future);
-  // An op's task: issues its steps on `opStream` and settles its Work; a failure breaks the
-  // group. `writes`: the op's in-flight write check, or null.
-  static void runTask(Work& work, const Steps& steps, Communicator& communicator,
-                      c10::Stream opStream, Watchdog& watchdog, bool startsWithTask,
-                      InflightWriteCheck* writes);
-  // A future for an op's outputs on `device`, not yet completed.
-  static c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const Device& device);
-  // Counts the op in its sequence and records it in the flight recorder; returns its record
-  // id (-1 when the recorder is off).
-  int64_t trace(const Launch& launch, std::chrono::milliseconds timeout, RecorderClock& clock);
-  // This group as the flight recorder names it, made at its first recorded op (c10d names
-  // the group after constructing it).
-  const std::shared_ptr<const RecordedGroup>& recordedGroup();
-  // Options::debugChecks: raises (and breaks the group) unless every rank issues this same
-  // collective, with the same shape where the op needs one.
-  void checkSameOpOnEveryRank(const OpInfo& info, const Launch& launch);
+  // The launch hooks of this group's features (hooks/Hooks.hpp), in their order.
+  LaunchHooks launchHooks();
   // gather() and gather_single(): `input` of every rank into `ranksParts` (rank order) on the
   // root; the Work reports `outputs`.
   c10::intrusive_ptr<c10d::Work> gatherToRoot(const char* op, const at::Tensor& input,
@@ -387,8 +313,6 @@ class ProcessGroup final : public c10d::Backend {
                                               std::vector<at::Tensor> ranksParts,
                                               std::vector<at::Tensor> outputs,
                                               const c10d::GatherOptions& opts);
-  // Test-only (Options::testFault): makes this op fail or start late on the chosen rank.
-  void injectTestFault(const OpInfo& info, Steps& steps) const;
   // This group as OpInfo describes it, for messages and the flight recorder's dump.
   OpInfo groupInfo() const;
   // The device barrier() runs on: the one it names (or the group's), or the host where no
@@ -437,23 +361,14 @@ class ProcessGroup final : public c10d::Backend {
   const c10::intrusive_ptr<streamnccl::Options> options_;
   const PathFactories factories_;
   const c10::intrusive_ptr<c10d::Store> store_;
-  uint64_t checkedCollectives_ = 0;  // the debug checks' own count: p2p ops do not take part
 
   const std::shared_ptr<GroupHealth> health_;
   const std::shared_ptr<GroupStats> stats_;
   const std::shared_ptr<Watchdog> watchdog_;
-  const std::shared_ptr<InflightWrites> inflightWrites_;  // null unless checkInflightWrites
-  const int64_t uid_;                                     // this process's count of groups
+  const int64_t uid_;  // this process's count of groups
 
   std::vector<int> globalRanks_;
-  std::once_flag recordedGroupMade_;
-  std::atomic<bool> recordedGroupReady_{false};  // recordedGroup_ is made: no call_once needed
-  std::shared_ptr<const RecordedGroup> recordedGroup_;
-  // The flight recorder's sequences: collectives (and coalesced groups), point-to-point ops,
-  // and all ops. Counted on the calling thread, in program order.
-  uint64_t collectiveSeq_ = 0;
-  uint64_t p2pSeq_ = 0;
-  uint64_t opId_ = 0;
+  Launcher launcher_;  // after what its hooks read: the above
 
   // Opened on first use; a slow opening holds up only the ops that need that path.
   OnceMap<c10::Device, Path> paths_;
@@ -464,7 +379,6 @@ class ProcessGroup final : public c10d::Backend {
   std::mutex barrierPlacesMutex_;
   std::map<c10::DeviceType, BarrierPlace> barrierPlaces_;
 
-  std::atomic<uint64_t> seq_{0};
   // shutdown(): set by the first call, which closes the group (later ops raise); the others
   // wait until close() has returned (except on a group thread, see shutdown()).
   std::atomic<bool> shutDown_{false};
@@ -493,8 +407,6 @@ class ProcessGroup final : public c10d::Backend {
   // Once shrunk, its communicators are aborted at close rather than finalized: finalizing
   // waits for every member, and the ranks left out take no part.
   std::atomic<bool> shrunk_{false};
-  // Ops are timed (Options::enableTiming, enableCollectivesTiming(), a completion hook).
-  std::atomic<bool> timed_{false};
 };
 
 }  // namespace streamnccl
