@@ -93,7 +93,7 @@ MUTANTS = [
              "    op.work->releaseTensors();\n    op.work->markCaptured(nullptr);")]),
     Mutant("failed-released-before-end", "failed ops are let go before their end",
            "csrc/core/Watchdog.cpp",
-           [("  append(failedRunning_, works);", "  append(ended_, works);")]),
+           [("\n  append(failedRunning_, works);\n}", "\n  append(ended_, works);\n}")]),
     # Both guards: an event query's error kept as the op's (Work::pollEnd), and the loop's.
     Mutant("watchdog-without-try-catch", "the watchdog lets a CUDA error escape its thread",
            "csrc/core/Work.cpp",
@@ -184,7 +184,7 @@ MUTANTS = [
     Mutant("teardown-lets-stranded-ops-go",
            "a teardown during a break on another thread lets the ops in flight go at once",
            "csrc/core/Watchdog.cpp",
-           [("    stranded.swap(inFlight_);", "    append(ended_, inFlight_);")]),
+           [("    stranded.swap(inFlight_);\n    taken", "    append(ended_, inFlight_);\n    taken")]),
     Mutant("failed-before-dump", "an op fails before the group's dump is written",
            "csrc/core/Watchdog.cpp",
            [("  const bool broke = health_->claimBreak();",

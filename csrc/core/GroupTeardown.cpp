@@ -42,6 +42,7 @@ void GroupTeardown::run() {
   watchdog->stop();
   if (health->broken()) {
     LOG(WARNING) << who << " destroyed after it broke: its communicators were aborted";
+    watchdog->failInFlightOfBrokenGroup();  // before their kernels are stopped
     watchdog->abortCommunicators();
   } else if (shrunk) {
     LOG(INFO) << who << " destroyed after shrink_group: its communicators were aborted, "

@@ -1,13 +1,16 @@
 #pragma once
 
-// Every key streamnccl writes in a group's c10d::Store, in one place. All of them start with
-// "streamnccl/", apart from the keys of torch's and Gloo's own. Under a group's store:
+// Every prefix and key streamnccl writes under in a group's c10d::Store, in one place. All
+// start with "streamnccl/"; the keys inside a prefix belong to the unit that writes there
+// (BreakBoard's first post and answers, a split's "failed", a monitored barrier's arrivals, the
+// host path's "streamnccl-opened/<rank>" beside Gloo's own keys). Under a group's store:
 //
 //   attempt/<n>/                   a torchelastic restart's own keys (storeOfThisAttempt)
 //   gloo/                          the host path's Gloo meets here
 //   ncclUniqueId/<n>               the n-th NCCL communicator the group opened
 //   p2p/<low>-<high>/<n>/...       the n-th lane pair between two ranks
-//   split/<name>/                  a subgroup's agreement (new_group, split_group)
+//   split/<name>/                  a subgroup's agreement (new_group, split_group; PrefixStore
+//                                  adds the last "/")
 //   shrink/<n>/<excluded>/         the n-th shrink, leaving out the ranks named
 //   verdict, arrived, live/<key>   inside a split's or shrink's prefix: whether it goes ahead
 //   breaks/<size>/...              error propagation (BreakBoard)
@@ -19,32 +22,38 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace streamnccl::keys {
 
-inline const std::string kRoot = "streamnccl/";
+// A view, not a std::string: nothing to destroy, so a key may still be made at exit.
+inline constexpr std::string_view kRoot = "streamnccl/";
 
-inline std::string gloo() { return kRoot + "gloo/"; }
-inline std::string ncclUniqueId(int n) { return kRoot + "ncclUniqueId/" + std::to_string(n); }
+inline std::string gloo() { return std::string(kRoot) + "gloo/"; }
+inline std::string ncclUniqueId(int n) {
+  return std::string(kRoot) + "ncclUniqueId/" + std::to_string(n);
+}
 inline std::string lanePair(int low, int high, int n) {
-  return kRoot + "p2p/" + std::to_string(low) + "-" + std::to_string(high) + "/" +
+  return std::string(kRoot) + "p2p/" + std::to_string(low) + "-" + std::to_string(high) + "/" +
          std::to_string(n);
 }
-inline std::string split(const std::string& name) { return kRoot + "split/" + name; }
+inline std::string split(const std::string& name) { return std::string(kRoot) + "split/" + name; }
 inline std::string shrink(int n, const std::string& excluded) {
-  return kRoot + "shrink/" + std::to_string(n) + "/" + excluded + "/";
+  return std::string(kRoot) + "shrink/" + std::to_string(n) + "/" + excluded + "/";
 }
-inline std::string splitVerdict() { return kRoot + "verdict"; }
-inline std::string splitArrived() { return kRoot + "arrived"; }
-inline std::string splitLive(const std::string& key) { return kRoot + "live/" + key; }
-inline std::string breaks() { return kRoot + "breaks/"; }
+inline std::string splitVerdict() { return std::string(kRoot) + "verdict"; }
+inline std::string splitArrived() { return std::string(kRoot) + "arrived"; }
+inline std::string splitLive(const std::string& key) { return std::string(kRoot) + "live/" + key; }
+inline std::string breaks() { return std::string(kRoot) + "breaks/"; }
 inline std::string barrierPlace(const std::string& deviceType) {
-  return kRoot + "barrier_place/" + deviceType + "/";
+  return std::string(kRoot) + "barrier_place/" + deviceType + "/";
 }
 inline std::string monitoredBarrier(int n) {
-  return kRoot + "monitored_barrier/" + std::to_string(n) + "/";
+  return std::string(kRoot) + "monitored_barrier/" + std::to_string(n) + "/";
 }
-inline std::string debugCheck(uint64_t n) { return kRoot + "debug/" + std::to_string(n) + "/"; }
+inline std::string debugCheck(uint64_t n) {
+  return std::string(kRoot) + "debug/" + std::to_string(n) + "/";
+}
 
 // `store` as a restarted torchelastic worker must use it: its attempt's keys apart from those of
 // the attempt before it, still in the same store (the dead workers' Gloo addresses, NCCL unique

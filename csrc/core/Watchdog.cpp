@@ -283,6 +283,7 @@ void Watchdog::check() {
                  clock);  // recorded now; released by the next caller that launches or waits
     const auto now = Clock::now();
     moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
+    opsOutside_ += expired.size();
     communicators = liveCommunicators(/*locked=*/true);
   }
   settle(faulted);
@@ -299,10 +300,7 @@ void Watchdog::check() {
       retireFailed(*work, work->failureFor(timeouts.back()));
     }
     auto failExpired = [&](const std::string& news) {
-      auto handOn = c10::make_scope_exit([&] {
-        std::lock_guard<std::mutex> lock(mutex_);
-        append(failedRunning_, expired);  // let go once their end has passed
-      });
+      auto handOn = c10::make_scope_exit([&] { handOnFailed(expired); });
       for (size_t i = 0; i < expired.size(); ++i) {
         expired[i]->fail(withNews(timeouts[i], news));
       }
@@ -372,6 +370,7 @@ void Watchdog::learnBreak(const BreakBoard::Post& post) {
     std::lock_guard<std::mutex> lock(mutex_);
     collectEnded(faulted, clock);
     stopped.swap(inFlight_);
+    opsOutside_ += stopped.size();
   }
   settle(faulted);
   const OpInfo group = describeGroup();
@@ -380,10 +379,7 @@ void Watchdog::learnBreak(const BreakBoard::Post& post) {
     retireFailed(*work, work->failureFor(error));
   }
   auto failStopped = [&](const std::string& news) {
-    auto handOn = c10::make_scope_exit([&] {
-      std::lock_guard<std::mutex> lock(mutex_);
-      append(failedRunning_, stopped);  // let go once their end has passed
-    });
+    auto handOn = c10::make_scope_exit([&] { handOnFailed(stopped); });
     for (auto& work : stopped) {
       work->fail(withNews(error, news));
     }
@@ -446,9 +442,29 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
       opsFailedChanged_.notify_all();
     });
     failUntilTheirEnd(failing, reason);
+    awaitOpsOutside();
   }
   if (as.kernels == Kernels::Abort) {
     abortCommunicators();
+  }
+}
+
+void Watchdog::handOnFailed(Works& works) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    opsOutside_ -= works.size();
+    append(failedRunning_, works);  // let go once their end has passed
+  }
+  opsFailedChanged_.notify_all();
+}
+
+void Watchdog::awaitOpsOutside() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!opsFailedChanged_.wait_for(lock, kBreakWait, [&] { return opsOutside_ == 0; })) {
+    lock.unlock();  // logged without the lock: describing the group may call into it
+    LOG(ERROR) << describeGroup().who() << " " << kBreakWait.count()
+               << " s on, ops taken out by a break that lost the race are still not failed: "
+                  "aborting anyway";
   }
 }
 
@@ -638,17 +654,27 @@ std::vector<std::shared_ptr<Communicator>> Watchdog::liveCommunicators(bool lock
   return live;
 }
 
-size_t Watchdog::releaseAll(Clock::time_point deadline) {
-  // Ops still in flight here were not finished: a break in progress on another thread (a
-  // wait(timeout) that expired, a device error a caller met) has not taken them yet while it
-  // writes the dump. They fail now, and wait for their end like the ones it would have taken.
+void Watchdog::failInFlightOfBrokenGroup() {
+  // The group is marked broken before its break has taken the ops in flight (it writes the
+  // evidence first, which may take long), and the break may run on another thread (a caller's
+  // wait(timeout)). Ops it has not taken yet fail here; if it has taken them, it is failing
+  // them now, and this waits for that.
   Works stranded;
+  bool taken = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stranded.swap(inFlight_);
+    taken = breaking_ != Breaking::None;
   }
   failUntilTheirEnd(stranded, "the group was destroyed while it broke");
-  // Failed ops are let go once their end has passed; the aborts have stopped what held it up.
+  if (taken) {
+    awaitOpsFailed();
+  }
+}
+
+size_t Watchdog::releaseAll(Clock::time_point deadline) {
+  // Every op has ended (finish()) or failed (failInFlightOfBrokenGroup()) by now. Failed ops are
+  // let go once their end has passed; the aborts have stopped what held it up.
   Backoff backoff(std::chrono::microseconds(100), std::chrono::microseconds(10000));
   while (true) {
     Works faulted;

@@ -142,6 +142,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // abort of its parent, a shrink with NCCL_SHRINK_ABORT): waits (up to a minute, then logs)
   // until the break that won has failed the ops in flight; at once on the winner's thread.
   void awaitOpsFailed();
+  // The group's teardown, the group broken: every op in flight has failed when this returns,
+  // by the break or here, so that aborting next stops no kernel of an op not yet failed.
+  void failInFlightOfBrokenGroup();
   // Once the group is broken: aborts every communicator but `kept` (those a shrink with
   // NCCL_SHRINK_ABORT hands to NCCL, which stops their kernels itself).
   void abortCommunicatorsBut(const std::vector<const Communicator*>& kept);
@@ -185,6 +188,10 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   void retire(Work& work, RecorderClock& clock);
   // Fails `works` with `reason` and keeps them until their end has passed (failedRunning_).
   void failUntilTheirEnd(Works& works, const std::string& reason);
+  // A break's caller has failed the ops it took out of inFlight_ (see opsOutside_).
+  void handOnFailed(Works& works);
+  // The break that won: waits until no op taken out by another caller is left unfailed.
+  void awaitOpsOutside();
   // Counts the op's end as a failure with `error` before the op fails (the group's dump must
   // hold it first), once, as retire() does.
   void retireFailed(Work& work, const std::exception_ptr& error);
@@ -214,6 +221,11 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   // after a break that lost waits for this). No other transition.
   enum class Breaking { None, FailingOps, OpsFailed };
   Breaking breaking_ = Breaking::None;
+  // Ops taken out of inFlight_ to be failed by a break's caller (check() at a deadline,
+  // learnBreak()), not yet failed. Such a caller may lose the claim to another break, which
+  // must not stop their kernels before they have failed: its OpsFailed waits for this to reach
+  // 0 (bounded), so that no op whose kernels were stopped is ever seen to succeed.
+  size_t opsOutside_ = 0;
   std::thread::id breaker_;
   std::condition_variable opsFailedChanged_;
   static constexpr std::chrono::seconds kBreakWait{60};
