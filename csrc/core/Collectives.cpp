@@ -1,5 +1,5 @@
 // The lowering of every collective to Communicator calls. Checks run at the call; the steps
-// run in the op's task on its stream (see ProcessGroup::launch and the contract in Device.hpp).
+// run in the op's task on its stream (see Launcher.hpp and the contract in Device.hpp).
 
 #include "core/Checks.hpp"
 #include "core/Errors.hpp"

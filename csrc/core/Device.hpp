@@ -1,8 +1,7 @@
 #pragma once
 
-// The stream contract. ProcessGroup::issue() is the one place that follows it; every op goes
-// through there (by way of launch(), which opens the profiler's range). Per process group and
-// device:
+// The stream contract. Launcher::launch() (Launcher.hpp) is the one place that follows it;
+// every op goes through there. Per process group and device:
 //
 //  1. async_op=False: the op is enqueued on the caller's current stream. No internal stream,
 //     and no stream ever waits for an event; one event `end` is recorded after the op so the
