@@ -1,6 +1,5 @@
 #include "core/GroupRegistry.hpp"
 
-#include "core/ProcessGroup.hpp"
 #include "core/Watchdog.hpp"
 
 #include <algorithm>
@@ -13,7 +12,7 @@ namespace {
 
 struct Entry {
   int64_t uid = 0;
-  c10::weak_intrusive_ptr<ProcessGroup> group;
+  c10::weak_intrusive_ptr<c10d::Backend> group;
   std::weak_ptr<Watchdog> watchdog;
 };
 
@@ -31,14 +30,14 @@ Registry& registry() {
 
 }  // namespace
 
-void add(const c10::intrusive_ptr<ProcessGroup>& group, int64_t uid,
+void add(const c10::intrusive_ptr<c10d::Backend>& group, int64_t uid,
          const std::shared_ptr<Watchdog>& watchdog) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.entries.push_back(Entry{uid, c10::weak_intrusive_ptr<ProcessGroup>(group), watchdog});
+  r.entries.push_back(Entry{uid, c10::weak_intrusive_ptr<c10d::Backend>(group), watchdog});
 }
 
-void remove(const ProcessGroup* group) {
+void remove(const c10d::Backend* group) {
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -51,9 +50,9 @@ void remove(const ProcessGroup* group) {
   r.removed.notify_all();
 }
 
-std::vector<c10::intrusive_ptr<ProcessGroup>> alive() {
+std::vector<c10::intrusive_ptr<c10d::Backend>> alive() {
   Registry& r = registry();
-  std::vector<std::pair<int64_t, c10::weak_intrusive_ptr<ProcessGroup>>> entries;
+  std::vector<std::pair<int64_t, c10::weak_intrusive_ptr<c10d::Backend>>> entries;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const Entry& entry : r.entries) {
@@ -63,7 +62,7 @@ std::vector<c10::intrusive_ptr<ProcessGroup>> alive() {
   // Promoted outside the lock: from torch 2.14 a Backend keeps its Python object, and taking a
   // reference to a group may take the GIL, which a thread adding a group holds while it waits
   // for this lock.
-  std::vector<std::pair<int64_t, c10::intrusive_ptr<ProcessGroup>>> found;
+  std::vector<std::pair<int64_t, c10::intrusive_ptr<c10d::Backend>>> found;
   for (auto& [uid, weak] : entries) {
     if (auto group = weak.lock()) {
       found.emplace_back(uid, std::move(group));
@@ -71,7 +70,7 @@ std::vector<c10::intrusive_ptr<ProcessGroup>> alive() {
   }
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<c10::intrusive_ptr<ProcessGroup>> groups;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
   groups.reserve(found.size());
   for (auto& [uid, group] : found) {
     groups.push_back(std::move(group));

@@ -1,6 +1,7 @@
 #pragma once
 
-// Every group made in this process, held weakly: what the process's exit shuts down
+// Every group made in this process (streamnccl's ProcessGroups, known here as the c10d::Backend
+// they are, so that the registry sits below them), held weakly: what the process's exit shuts down
 // (ProcessGroup::shutdownAll) and whose watchdogs a dump of the flight recorder asks to count
 // ended ops as ended. Weakly, so that the exit walks it with references of its own: a group
 // whose last other reference goes meanwhile (in an op's callback, on one of its own threads)
@@ -8,6 +9,7 @@
 // very callback.
 
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -15,18 +17,17 @@
 
 namespace streamnccl {
 
-class ProcessGroup;
 class Watchdog;
 
 namespace groupRegistry {
 
 // `uid`: the group's place in the order groups were made, which every rank shares.
-void add(const c10::intrusive_ptr<ProcessGroup>& group, int64_t uid,
+void add(const c10::intrusive_ptr<c10d::Backend>& group, int64_t uid,
          const std::shared_ptr<Watchdog>& watchdog);
 // The group's last reference went, and its teardown was done or handed to a thread of its own.
-void remove(const ProcessGroup* group);
+void remove(const c10d::Backend* group);
 // References to the groups alive now, in the order they were made.
-std::vector<c10::intrusive_ptr<ProcessGroup>> alive();
+std::vector<c10::intrusive_ptr<c10d::Backend>> alive();
 // Returns once every group whose last reference has gone is removed.
 void waitForTheDying();
 // The watchdogs of the groups in the registry (alive, or still tearing down): no reference to

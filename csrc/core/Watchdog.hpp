@@ -54,7 +54,7 @@
 
 namespace streamnccl {
 
-class Watchdog : public std::enable_shared_from_this<Watchdog> {
+class Watchdog : public std::enable_shared_from_this<Watchdog>, public WorkWatcher {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -127,7 +127,10 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   static std::exception_ptr withNews(std::exception_ptr cause, const std::string& news);
   // A caller met a device error, `cause`, looking at `work`: the group breaks with it, and the
   // op fails once the dump is written (as settle() does for those the thread meets).
-  void failOnDeviceError(Work& work, std::exception_ptr cause);
+  void failOnDeviceError(Work& work, std::exception_ptr cause) override;
+  void breakOnWaitTimeout(const OpInfo& op, std::exception_ptr error) override {
+    breakGroup(op, std::move(error), {}, BreakAs{GroupHealth::Cause::Timeout});
+  }
 
   // Waits until every op in flight has ended, the group breaks, or `deadline` passes (at the
   // group's end). True when every op ended (and the group is not broken).

@@ -2,7 +2,6 @@
 
 #include "core/Errors.hpp"
 #include "core/InflightWrites.hpp"
-#include "core/Watchdog.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -15,7 +14,7 @@ const c10::TypePtr& tensorListType() {
 
 Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
            std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,
-           std::weak_ptr<Watchdog> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future)
+           std::weak_ptr<WorkWatcher> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future)
     : c10d::Work(info.rank, opType),
       info_(std::move(info)),
       device_(std::move(device)),
@@ -286,7 +285,7 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
           makeDistBackendError(info_.describe() + ": not completed within the timeout of " +
                                std::to_string(limit.count()) + " ms");
       if (auto watchdog = watchdog_.lock()) {
-        watchdog->breakGroup(info_, error, {}, Watchdog::BreakAs{GroupHealth::Cause::Timeout});
+        watchdog->breakOnWaitTimeout(info_, error);
       }
       std::rethrow_exception(error);
     }

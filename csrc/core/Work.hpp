@@ -18,7 +18,21 @@ namespace streamnccl {
 class Communicator;
 
 class InflightWriteCheck;
-class Watchdog;
+class Work;
+
+// What an op's Work asks of the watchdog that tracks it (Watchdog implements it): the Work,
+// which the watchdog holds, knows it only through this.
+class WorkWatcher {
+ public:
+  // A caller met a device error, `cause`, looking at `work`: the group breaks with it, and the
+  // op fails once the dump is written.
+  virtual void failOnDeviceError(Work& work, std::exception_ptr cause) = 0;
+  // A wait(timeout) on the op `op` expired: the group breaks with `error`, as at the deadline.
+  virtual void breakOnWaitTimeout(const OpInfo& op, std::exception_ptr error) = 0;
+
+ protected:
+  ~WorkWatcher() = default;
+};
 
 // The value type of every op's future, a list of tensors. Made once: making it is a shared
 // allocation, per op.
@@ -40,7 +54,7 @@ class Work : public c10d::Work {
   // end event (Device::completedFuture), not what its stream has run since.
   Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout, bool blockHostOnWait,
-       std::weak_ptr<Watchdog> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future);
+       std::weak_ptr<WorkWatcher> watchdog, c10::intrusive_ptr<c10::ivalue::Future> future);
 
   // Called by the task once it has issued the op's work, its own kernels included; on CUDA with
   // the op's stream current, so that a future already asked for follows the whole op.
@@ -166,7 +180,7 @@ class Work : public c10d::Work {
   std::chrono::steady_clock::time_point issuedAt_;
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // see expiredBy()
   const bool blockHostOnWait_;
-  const std::weak_ptr<Watchdog> watchdog_;
+  const std::weak_ptr<WorkWatcher> watchdog_;
   bool captured_ = false;
   const Communicator* communicator_ = nullptr;
 
