@@ -89,8 +89,10 @@ bool isPointToPoint(c10d::OpType opType);
 // What a hook sees of one op being launched.
 struct LaunchedOp {
   const Launch& launch;  // its inputs and outputs until the Work takes them (see issued())
-  OpInfo& info;          // described, numbered (info.seq); hooks may fill in info.traceId
-  Steps& steps;          // hooks may wrap them
+  // Described and numbered (info.seq); launched() hooks may fill in info.traceId. In issued()
+  // the Work holds it (work.info()), and this one is moved from.
+  OpInfo& info;
+  Steps& steps;  // hooks may wrap them
   Path& path;
   bool captured;  // into a CUDA graph: it runs at replays, and is neither tracked nor timed
   std::chrono::milliseconds timeout;
@@ -98,9 +100,10 @@ struct LaunchedOp {
 };
 
 // A feature that looks at every op its group launches. Called on the launching thread, in the
-// order the hooks were registered, at two fixed points; a hook that throws refuses the op,
-// which is then neither issued nor counted. A hook registered costs its calls; one not
-// registered costs nothing.
+// order the hooks were registered, at two fixed points. A launched() hook that throws refuses
+// the op, which is then not issued (the hooks before it have seen it: the flight recorder's
+// entry of a refused op says so); issued() hooks must not throw. A hook registered costs its
+// calls; one not registered costs nothing.
 class LaunchHook {
  public:
   virtual ~LaunchHook() = default;

@@ -76,6 +76,8 @@ c10::intrusive_ptr<Work> Launcher::launch(Launch launch, Path& path, Steps steps
   }
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_.timeout : launch.timeout;
   OpInfo info = describe(launch, path);
+  // Made before any hook counts the op: the first ask may make the stream, and fail.
+  const c10::Stream opStream = launch.async ? device.internalStream() : current;
   LaunchedOp op{launch, info, steps, path, captured, timeout, clock};
   c10::SmallVector<std::shared_ptr<void>, 1> scopes;  // what hooks keep until the launch returns
   for (const auto& hook : hooks_) {
@@ -95,7 +97,7 @@ c10::intrusive_ptr<Work> Launcher::launch(Launch launch, Path& path, Steps steps
   }
   Issued issued{device,
                 current,
-                launch.async ? device.internalStream() : current,
+                opStream,
                 captured,
                 timed_.load(std::memory_order_relaxed) && !captured,
                 work,

@@ -274,19 +274,25 @@ void Watchdog::check() {
     }
   }
   Works faulted;
-  Works expired;
-  std::vector<std::shared_ptr<Communicator>> communicators;
   {
     RecorderClock clock;
     std::lock_guard<std::mutex> lock(mutex_);
     collectEnded(faulted,
                  clock);  // recorded now; released by the next caller that launches or waits
+  }
+  // First: a device error found here breaks the group on this thread, which must then hold
+  // no op out of flight (the break would wait for it to fail).
+  settle(faulted);
+  Works expired;
+  std::vector<std::shared_ptr<Communicator>> communicators;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     const auto now = Clock::now();
     moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
     opsOutside_ += expired.size();
     communicators = liveCommunicators(/*locked=*/true);
   }
-  settle(faulted);
+  auto orphaned = handOnIfNeverFailed(expired);
   if (!expired.empty()) {
     // Counted as failed, and the dump written, before they fail: a caller polling for the
     // failure (a blocking wait, a wait with a timeout) then finds the dump. Meanwhile they are
@@ -364,15 +370,19 @@ void Watchdog::learnBreak(const BreakBoard::Post& post) {
   // the dump shows where this rank stood. Meanwhile they are in no list; once failed they wait
   // for their end.
   Works faulted;
-  Works stopped;
   {
     RecorderClock clock;
     std::lock_guard<std::mutex> lock(mutex_);
     collectEnded(faulted, clock);
+  }
+  settle(faulted);  // first, as in check()
+  Works stopped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     stopped.swap(inFlight_);
     opsOutside_ += stopped.size();
   }
-  settle(faulted);
+  auto orphaned = handOnIfNeverFailed(stopped);
   const OpInfo group = describeGroup();
   const auto error = makeDistBackendError(group.who() + " " + BreakBoard::describe(post));
   for (auto& work : stopped) {
@@ -453,9 +463,23 @@ void Watchdog::handOnFailed(Works& works) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     opsOutside_ -= works.size();
-    append(failedRunning_, works);  // let go once their end has passed
+    append(failedRunning_, works);  // let go once their end has passed (empties `works`)
   }
   opsFailedChanged_.notify_all();
+}
+
+c10::scope_exit<std::function<void()>> Watchdog::handOnIfNeverFailed(Works& works) {
+  // Where the break throws before it fails them (it does not, but a future's callback or an
+  // allocation might), they fail here, so that opsOutside_ never stays up.
+  return c10::make_scope_exit(std::function<void()>([this, &works] {
+    if (works.empty()) {
+      return;  // handed on by handOnFailed()
+    }
+    for (auto& work : works) {
+      work->fail("the group's break failed before it failed this op");
+    }
+    handOnFailed(works);
+  }));
 }
 
 void Watchdog::awaitOpsOutside() {

@@ -43,6 +43,8 @@
 #include "core/GroupStats.hpp"
 #include "core/Work.hpp"
 
+#include <c10/util/ScopeExit.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -54,7 +56,7 @@
 
 namespace streamnccl {
 
-class Watchdog : public std::enable_shared_from_this<Watchdog>, public WorkWatcher {
+class Watchdog final : public std::enable_shared_from_this<Watchdog>, public WorkWatcher {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -193,6 +195,9 @@ class Watchdog : public std::enable_shared_from_this<Watchdog>, public WorkWatch
   void failUntilTheirEnd(Works& works, const std::string& reason);
   // A break's caller has failed the ops it took out of inFlight_ (see opsOutside_).
   void handOnFailed(Works& works);
+  // A guard for ops taken out of inFlight_: those never handed on (the break threw first) fail
+  // when it goes, and are handed on.
+  c10::scope_exit<std::function<void()>> handOnIfNeverFailed(Works& works);
   // The break that won: waits until no op taken out by another caller is left unfailed.
   void awaitOpsOutside();
   // Counts the op's end as a failure with `error` before the op fails (the group's dump must
