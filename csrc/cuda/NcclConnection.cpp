@@ -7,6 +7,7 @@
 
 #include <c10/util/Logging.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -69,10 +70,31 @@ const char* NcclConnection::makingCall() const {
   return childOf_->how == ChildOf::How::Shrink ? "ncclCommShrink" : "ncclCommSplit";
 }
 
+template <typename Lifecycle, size_t N>
+static bool legalMove(const std::pair<Lifecycle, Lifecycle> (&moves)[N], Lifecycle from,
+                      Lifecycle to) {
+  return std::find(std::begin(moves), std::end(moves), std::make_pair(from, to)) != std::end(moves);
+}
+
+void NcclConnection::moveTo(State to) {
+  TORCH_INTERNAL_ASSERT(legalMove(kStateMoves, state_, to), who(),
+                        " illegal connecting state move ", static_cast<int>(state_), " -> ",
+                        static_cast<int>(to));
+  state_ = to;
+  noteUsable();
+}
+
+void NcclConnection::moveTo(End to) {
+  TORCH_INTERNAL_ASSERT(legalMove(kEndMoves, end_, to), who(), " illegal end state move ",
+                        static_cast<int>(end_), " -> ", static_cast<int>(to));
+  end_ = to;
+  noteUsable();
+}
+
 bool NcclConnection::live() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (state_ != State::Connected || aborted_ || closed_ || comm_ == nullptr) {
+    if (state_ != State::Connected || end_ != End::Open || comm_ == nullptr) {
       return false;
     }
   }
@@ -82,13 +104,14 @@ bool NcclConnection::live() {
 
 bool NcclConnection::waitAbortReturned() {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait_for(lock, kAbortGrace, [&] { return abortProgress_ != AbortProgress::Running; });
-  return abortProgress_ == AbortProgress::Returned;
+  changed_.wait_for(lock, kAbortGrace,
+                    [&] { return end_ == End::Aborted || end_ == End::AbortLeftRunning; });
+  return end_ == End::Aborted;
 }
 
 bool NcclConnection::abortedNow() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return aborted_;
+  return aborting();
 }
 
 NcclConnection::~NcclConnection() {
@@ -99,7 +122,7 @@ NcclConnection::~NcclConnection() {
       connector_.join();
     }
   }
-  if (comm_ == nullptr || aborted_) {
+  if (comm_ == nullptr || aborting()) {
     return;
   }
   // Its group closes it (ProcessGroup::shutdown): this is a communicator no group closed.
@@ -132,7 +155,7 @@ ncclUniqueId NcclConnection::exchangeId(std::chrono::steady_clock::time_point de
   while (!store.check({settings_.idKey})) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (aborted_) {
+      if (aborting()) {
         raise("connecting was aborted");
       }
     }
@@ -171,8 +194,8 @@ void NcclConnection::connect() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       comm_ = comm;
-      abortedMeanwhile = aborted_;
-      if (!aborted_) {
+      abortedMeanwhile = aborting();
+      if (!abortedMeanwhile) {
         ++uses_;  // this thread's polling below is a use that abort() waits for
       }
     }
@@ -286,9 +309,8 @@ void NcclConnection::settle(State state, std::exception_ptr failure) {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    state_ = state;
+    moveTo(state);
     failure_ = std::move(failure);
-    noteUsable();
     callbacks.swap(whenSettled_);  // later ones run at once (whenSettled)
   }
   changed_.notify_all();  // uses may go on: the callbacks' own work needs them
@@ -319,8 +341,8 @@ void NcclConnection::whenSettled(std::function<void()> callback) {
 
 void NcclConnection::waitConnected() {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return settled_ || aborted_; });
-  if (aborted_) {
+  changed_.wait(lock, [&] { return settled_ || aborting(); });
+  if (aborting()) {
     raise("connecting was aborted");
   }
   if (state_ == State::Failed) {
@@ -346,7 +368,7 @@ NcclConnection::Use NcclConnection::use(const char* call) {
 }
 
 void NcclConnection::noteUsable() {
-  usable_.store(state_ == State::Connected && !aborted_ && !closed_ && statePolls_ == 0);
+  usable_.store(state_ == State::Connected && end_ == End::Open && statePolls_ == 0);
 }
 
 bool NcclConnection::noUseInProgress() const { return uses_ == 0 && fastUses_.load() == 0; }
@@ -369,11 +391,11 @@ void NcclConnection::acquire(const char* call) {
 void NcclConnection::acquire(const char* call, std::unique_lock<std::mutex>& lock) {
   // A poll of its state under way (asyncError()) is never long: a use waits for it.
   changed_.wait(lock,
-                [&] { return (state_ != State::Connecting && statePolls_ == 0) || aborted_; });
-  if (aborted_) {
+                [&] { return (state_ != State::Connecting && statePolls_ == 0) || aborting(); });
+  if (aborting()) {
     raise(std::string(call) + ": the communicator was aborted");
   }
-  if (closed_) {
+  if (end_ != End::Open) {
     raise(std::string(call) + ": the communicator was destroyed with its group");
   }
   if (state_ == State::Failed) {
@@ -426,11 +448,10 @@ void NcclConnection::abort() {
   bool captured = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (aborted_) {
+    if (aborting()) {
       return;
     }
-    aborted_ = true;
-    noteUsable();
+    moveTo(End::Aborting);
     changed_.notify_all();
     // Uses poll and see the abort at once; none blocks inside NCCL, whose calls on a
     // non-blocking communicator return at once.
@@ -443,7 +464,7 @@ void NcclConnection::abort() {
   }
   changed_.notify_all();
   if (comm == nullptr) {
-    noteAbort(AbortProgress::Returned);
+    noteAbort(End::Aborted);
     return;
   }
   auto abortComm = [nccl = settings_.nccl, cuda = settings_.cuda, device = settings_.device,
@@ -466,17 +487,17 @@ void NcclConnection::abort() {
     LOG(WARNING) << who() << " aborted on a thread of its own: work on it was captured into a "
                  << "CUDA graph, and NCCL frees it only once every such graph is destroyed";
     std::thread(std::move(abortComm)).detach();
-    noteAbort(AbortProgress::LeftRunning);
+    noteAbort(End::AbortLeftRunning);
     return;
   }
   abortComm();
-  noteAbort(AbortProgress::Returned);
+  noteAbort(End::Aborted);
 }
 
-void NcclConnection::noteAbort(AbortProgress progress) {
+void NcclConnection::noteAbort(End progress) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    abortProgress_ = progress;
+    moveTo(progress);
   }
   changed_.notify_all();
 }
@@ -485,33 +506,38 @@ void NcclConnection::beginClose() {
   ncclComm_t comm = nullptr;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (aborted_ || closed_) {
+    if (end_ != End::Open) {
       return;
     }
-    closed_ = true;  // no Use from now on
-    noteUsable();
     if (state_ != State::Connected) {
       // Still connecting (its connecting thread holds a use until then) or never connected:
       // nothing to flush, so no call to wait for.
-      closing_ = Closing::Aborting;
+      moveTo(End::CloseByAbort);
       return;
     }
     if (captured_) {
-      closing_ = Closing::LeftForGraphs;
+      // NCCL finalizes or destroys a communicator only once every CUDA graph that captured
+      // work on it is destroyed, and the group cannot know when that is: waiting could be
+      // forever (at exit, always). So it is left to the process's end.
+      moveTo(End::LeftForGraphs);
+      LOG(WARNING) << who()
+                   << " left as it is, not finalized: work on it was captured into a CUDA graph, "
+                      "and NCCL would wait for every such graph to be destroyed";
       return;
     }
+    moveTo(End::Closing);  // no Use from now on
     // A call in progress on another thread (NCCL communicators are not thread-safe) ends
     // before the communicator is finalized under it.
     if (!changed_.wait_for(lock, kAbortGrace, [&] { return noUseInProgress(); })) {
       LOG(WARNING) << who() << " a call on the communicator did not return within "
                    << kAbortGrace.count() << " s of its group's end; finalizing it anyway";
     }
-    if (aborted_) {  // aborted meanwhile: the abort has freed it
+    if (end_ != End::Closing) {  // aborted meanwhile: the abort has freed it
       return;
     }
     comm = comm_;
     ++uses_;  // the finalize call is a use that abort() waits for
-    closing_ = Closing::Finalizing;
+    moveTo(End::Finalizing);
     finalized_ = ncclInternalError;  // until ncclCommFinalize has been called
   }
   ncclResult_t result = ncclInternalError;
@@ -529,36 +555,20 @@ void NcclConnection::beginClose() {
 }
 
 std::string NcclConnection::endClose(std::chrono::steady_clock::time_point deadline) {
-  Closing closing = Closing::None;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    closing = std::exchange(closing_, Closing::None);
-  }
-  switch (closing) {
-    case Closing::None:
-      return {};
-    case Closing::Aborting:
-      // Still connecting (nobody will use it now), or never connected: nothing to flush.
-      abort();
-      return {};
-    case Closing::LeftForGraphs:
-      // NCCL finalizes or destroys a communicator only once every CUDA graph that captured
-      // work on it is destroyed, and the group cannot know when that is: waiting here could
-      // be forever (at exit, always). So it is left to the process's end.
-      LOG(WARNING) << who()
-                   << " left as it is, not finalized: work on it was captured into a CUDA graph, "
-                      "and NCCL would wait for every such graph to be destroyed";
-      return {};
-    case Closing::Finalizing:
-      break;
-  }
   ncclComm_t comm = nullptr;
   ncclResult_t result = ncclSuccess;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (aborted_) {  // aborted between the two steps: the abort has freed it
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (end_ == End::CloseByAbort) {
+      // Still connecting (nobody will use it now), or never connected: nothing to flush.
+      lock.unlock();
+      abort();
       return {};
     }
+    if (end_ != End::Finalizing) {  // left for graphs, or aborted: the abort has freed it
+      return {};
+    }
+    moveTo(End::Destroying);
     comm = comm_;
     result = finalized_;
     ++uses_;  // polling and destroying are a use that abort() waits for
@@ -576,7 +586,10 @@ std::string NcclConnection::endClose(std::chrono::steady_clock::time_point deadl
     } else {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        comm_ = nullptr;  // this destroy frees it: abort() has nothing left to abort
+        comm_ = nullptr;                // this destroy frees it: abort() has nothing left to abort
+        if (end_ == End::Destroying) {  // else an abort() waits for this use to end
+          moveTo(End::Destroyed);
+        }
       }
       result = nccl().commDestroy(comm);
       if (result != ncclSuccess) {
@@ -617,7 +630,7 @@ std::string NcclConnection::asyncError() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // While it is shrunk, its state is the shrink's to poll: the shrink reports its errors.
-    if (state_ != State::Connected || aborted_ || closed_ || shrinking_ > 0) {
+    if (state_ != State::Connected || end_ != End::Open || shrinking_ > 0) {
       return {};
     }
     // A call in progress is polled by its own thread (Use::check), and NCCL's poll completes

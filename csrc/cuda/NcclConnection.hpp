@@ -36,6 +36,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace streamnccl {
@@ -149,9 +150,56 @@ class NcclConnection {
   NcclApi& nccl() const { return *settings_.nccl; }
 
  private:
-  // Connecting until the connector settles it; settled_ once the callbacks run then are done
-  // (a lane's gate is open by then).
+  // A connection has two lifecycles, each one enum with its legal moves written below and
+  // asserted at every change (moveTo()).
+  //
+  // Connecting, the connecting thread's: Connecting -> Connected | Failed, once. settled_ is
+  // set after that, once the callbacks waiting for it have run (a lane's gate is open by then).
   enum class State { Connecting, Connected, Failed };
+  // Its end, its group's close or an abort (any thread's). Uses are taken only while Open (and
+  // Connected). Aborting is reached from every state but the abort's own: only its group's break
+  // aborts a communicator ops have used (Watchdog.hpp), the connection itself one no op uses.
+  enum class End : uint8_t {
+    Open,              // neither closed nor aborted
+    Closing,           // beginClose(): no new use; waiting for the uses in progress
+    CloseByAbort,      // closed while connecting or never connected: endClose() aborts it
+    Finalizing,        // ncclCommFinalize called: endClose() polls it, then destroys
+    Destroying,        // endClose() has taken the finalized communicator over
+    Destroyed,         // ncclCommDestroy called (comm_ is null)
+    LeftForGraphs,     // closed with work captured into a CUDA graph: left to the process's end
+    Aborting,          // abort(): waits for the uses in progress, then ncclCommAbort
+    Aborted,           // ncclCommAbort returned, or there was nothing left to abort
+    AbortLeftRunning,  // ncclCommAbort runs on a thread of its own (work on it was captured)
+  };
+  // The legal moves of End, from -> to. Every one not listed is a defect (asserted).
+  static constexpr std::pair<End, End> kEndMoves[] = {
+      {End::Open, End::Closing},
+      {End::Open, End::CloseByAbort},
+      {End::Open, End::LeftForGraphs},
+      {End::Open, End::Aborting},
+      {End::Closing, End::Finalizing},
+      {End::Closing, End::Aborting},
+      {End::CloseByAbort, End::Aborting},
+      {End::Finalizing, End::Destroying},
+      {End::Finalizing, End::Aborting},
+      {End::Destroying, End::Destroyed},
+      {End::Destroying, End::Aborting},
+      {End::Destroyed, End::Aborting},
+      {End::LeftForGraphs, End::Aborting},
+      {End::Aborting, End::Aborted},
+      {End::Aborting, End::AbortLeftRunning},
+  };
+  static constexpr std::pair<State, State> kStateMoves[] = {
+      {State::Connecting, State::Connected},
+      {State::Connecting, State::Failed},
+  };
+  // With mutex_ held: the state moves to `to`, which must be a legal move; usable_ follows.
+  void moveTo(State to);
+  void moveTo(End to);
+  // With mutex_ held: abort() has been called (Aborting or after).
+  bool aborting() const {
+    return end_ == End::Aborting || end_ == End::Aborted || end_ == End::AbortLeftRunning;
+  }
 
   NcclConnection(Settings settings, std::optional<ChildOf> childOf)
       : settings_(std::move(settings)), childOf_(std::move(childOf)) {}
@@ -181,8 +229,8 @@ class NcclConnection {
   const char* makingCall() const;
   bool abortedNow() const;
   // Blocks (up to a grace period) until an abort() under way has freed the communicator;
-  // false when that could not be seen (it is freed on a thread of its own, or slowly). Only
-  // once aborted.
+  // false when that could not be seen (it is freed on a thread of its own, or slowly, or
+  // was never aborted).
   bool waitAbortReturned();
   ncclUniqueId exchangeId(std::chrono::steady_clock::time_point deadline);
   // Polls ncclCommGetAsyncError until it is no longer ncclInProgress; returns the result.
@@ -199,7 +247,7 @@ class NcclConnection {
   void endUse();
   // The lock-free use's end (use()).
   void endCountedUse();
-  // With mutex_ held: usable_ from the state, after each change of it.
+  // With mutex_ held: usable_ from the states, after each change of them (or of statePolls_).
   void noteUsable();
   // With mutex_ held: no use, counted either way, is in progress.
   bool noUseInProgress() const;
@@ -210,15 +258,12 @@ class NcclConnection {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   State state_ = State::Connecting;
-  bool settled_ = false;
+  bool settled_ = false;  // see State
   std::exception_ptr failure_;
-  bool aborted_ = false;
-  bool closed_ = false;
-  bool captured_ = false;
-  enum class Closing { None, Finalizing, Aborting, LeftForGraphs };
-  Closing closing_ = Closing::None;  // what beginClose() started, for endClose()
-  ncclResult_t finalized_ = ncclSuccess;
-  ncclComm_t comm_ = nullptr;  // null again once destroyed
+  End end_ = End::Open;
+  bool captured_ = false;                 // work on it was captured into a CUDA graph
+  ncclResult_t finalized_ = ncclSuccess;  // ncclCommFinalize's result (Finalizing)
+  ncclComm_t comm_ = nullptr;             // null again once destroyed
   int uses_ = 0;
   // Connected, and neither aborted nor closed (noteUsable()); read by use() without the lock.
   std::atomic<bool> usable_{false};
@@ -233,11 +278,8 @@ class NcclConnection {
   // use starts until it is done (usable_ is cleared, acquire() waits), since NCCL's poll
   // completes and frees a call's group job without a lock.
   int statePolls_ = 0;
-  // Where abort()'s ncclCommAbort is: still Running (from the moment aborted_ is set), or
-  // Returned, or LeftRunning on a thread of its own (work on it was captured).
-  enum class AbortProgress { Running, Returned, LeftRunning };
-  AbortProgress abortProgress_ = AbortProgress::Running;
-  void noteAbort(AbortProgress progress);
+  // abort()'s last step: Aborted or AbortLeftRunning.
+  void noteAbort(End progress);
   std::vector<std::function<void()>> whenSettled_;
   std::function<void(const std::string&)> breakRequest_;  // empty until a group watches it
   std::thread connector_;
