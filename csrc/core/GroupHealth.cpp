@@ -1,6 +1,7 @@
 #include "core/GroupHealth.hpp"
 
 #include "core/Errors.hpp"
+#include "core/StateMoves.hpp"
 
 #include <c10/util/Logging.h>
 #include <c10/util/thread_name.h>
@@ -24,9 +25,15 @@ GroupHealth::GroupHealth(size_t recorderCapacity, std::optional<std::string> dum
   recorder().reserve(recorderCapacity);
 }
 
+void GroupHealth::moveTo(State to) const { moveState(state_, to, kMoves, "a group's health"); }
+
 bool GroupHealth::claimBreak() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return !std::exchange(claimed_, true);
+  if (state_ != State::Healthy) {
+    return false;
+  }
+  moveTo(State::Claimed);
+  return true;
 }
 
 void GroupHealth::awaitBreak() const {
@@ -38,7 +45,7 @@ void GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error, Cause
   std::string cause = describeException(error);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_INTERNAL_ASSERT(claimed_ && !broken_, "streamnccl: a group broken without its claim");
+    moveTo(State::Broken);  // asserts the claim
     broken_ = error;
     cause_ = cause;
     kind_ = kind;
@@ -50,7 +57,9 @@ void GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error, Cause
     ~Written() {
       {
         std::lock_guard<std::mutex> lock(health.mutex_);
-        health.evidenceWritten_ = true;
+        if (health.state_ == State::Broken) {  // else a waiter gave up on it first
+          health.moveTo(State::Evidenced);
+        }
       }
       health.evidenceChanged_.notify_all();
     }
@@ -110,8 +119,9 @@ std::string GroupHealth::writeDump(std::string bytes) const {
 void GroupHealth::awaitEvidence(std::unique_lock<std::mutex>& lock) const {
   // Bounded: a dump that cannot be written within it (a hung file system) is reported by its
   // writer, and nobody waits for it again.
-  if (!evidenceChanged_.wait_for(lock, kEvidenceWait, [&] { return evidenceWritten_; })) {
-    evidenceWritten_ = true;
+  if (!evidenceChanged_.wait_for(lock, kEvidenceWait, [&] { return state_ == State::Evidenced; }) &&
+      state_ == State::Broken) {
+    moveTo(State::Evidenced);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace streamnccl {
 
@@ -24,6 +25,18 @@ class GroupHealth {
   // (TIMEOUT), another fault here (COMM_ERROR), or a break posted by another rank
   // (REMOTE_ERROR, BreakBoard.hpp).
   enum class Cause { Fault, Timeout, Remote };
+
+  // Where the group's break is, one state at a time, each move in kMoves (asserted):
+  // Healthy -> Claimed (claimBreak(): one caller makes the break's cause) -> Broken (breakWith():
+  // later ops raise the cause) -> Evidenced (its log and dump written, or waited for as long as
+  // anyone waits: callers that learn of the failure may read them). Never back: a broken group
+  // stays broken.
+  enum class State { Healthy, Claimed, Broken, Evidenced };
+  static constexpr std::pair<State, State> kMoves[] = {
+      {State::Healthy, State::Claimed},
+      {State::Claimed, State::Broken},
+      {State::Broken, State::Evidenced},
+  };
 
   GroupHealth(size_t recorderCapacity, std::optional<std::string> dumpDir, int globalRank);
 
@@ -59,17 +72,18 @@ class GroupHealth {
   const std::optional<std::string> dumpDir_;
   std::atomic<int> globalRank_;
   mutable std::mutex mutex_;
-  std::exception_ptr broken_;
-  bool claimed_ = false;  // claimBreak() was called
+  mutable State state_ = State::Healthy;  // a waiter that gives up on the evidence moves it
+  std::exception_ptr broken_;             // the cause, from Broken on
   // Waits (with `lock` on mutex_) until the evidence of the break is written.
   void awaitEvidence(std::unique_lock<std::mutex>& lock) const;
   // Writes `bytes`, the flight recorder's dump, to the dump folder; returns where it went, or
   // why not, for the log.
   std::string writeDump(std::string bytes) const;
 
-  mutable bool evidenceWritten_ = false;  // the log and the dump of the call that broke the group
   mutable std::condition_variable evidenceChanged_;
-  std::atomic<bool> brokenFlag_{false};
+  // With mutex_ held: the state moves to `to`, a legal move.
+  void moveTo(State to) const;
+  std::atomic<bool> brokenFlag_{false};  // from Broken on: read by every launch without the lock
   std::string cause_;
   Cause kind_ = Cause::Fault;  // set with broken_
 };

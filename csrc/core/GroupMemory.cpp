@@ -113,7 +113,7 @@ void ProcessGroup::registerMemory(const c10::Device& device,
 void ProcessGroup::deregisterMemory(const c10::Device& device, const std::vector<void*>& addresses,
                                     bool skipUnknown) {
   constexpr const char* op = "deregister_mem_pool";
-  if (health_->broken() || shutDown_.load(std::memory_order_acquire)) {
+  if (health_->broken() || closed()) {
     return;  // the communicators were aborted or destroyed, and their registrations with them
   }
   Path& path = openedPathFor(device, op);

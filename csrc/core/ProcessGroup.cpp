@@ -4,6 +4,7 @@
 #include "core/Errors.hpp"
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
+#include "core/StateMoves.hpp"
 #include "core/StoreKeys.hpp"
 #include "core/hooks/Hooks.hpp"
 
@@ -115,26 +116,35 @@ void ProcessGroup::retireCompletedOfAll() {
 }
 
 void ProcessGroup::shutdown() {
-  // Later calls raise from here on; the first caller to say so closes the group.
-  if (shutDown_.exchange(true, std::memory_order_acq_rel)) {
-    // Another call is closing the group. On one of the group's threads, waiting for it could
-    // be waiting for ourselves (it waits for the op whose callback this is): return at once,
-    // as a teardown run apart does.
-    if (!onGroupThread()) {
-      std::unique_lock<std::mutex> lock(closedMutex_);
-      closedChanged_.wait(lock, [&] { return closeReturned_; });
+  {
+    // Later calls raise from here on; the first caller to say so closes the group.
+    std::unique_lock<std::mutex> lock(closedMutex_);
+    if (life_.load() != Life::Open) {
+      // Another call is closing the group. On one of the group's threads, waiting for it could
+      // be waiting for ourselves (it waits for the op whose callback this is): return at once,
+      // as a teardown run apart does.
+      if (!onGroupThread()) {
+        closedChanged_.wait(lock, [&] { return life_.load() == Life::Closed; });
+      }
+      return;
     }
-    return;
+    moveLife(Life::Closing);
   }
   // Said even if close() throws (only out of memory): nobody waits for ever; nobody retries.
   auto returned = c10::make_scope_exit([&] {
     {
       std::lock_guard<std::mutex> lock(closedMutex_);
-      closeReturned_ = true;
+      moveLife(Life::Closed);
     }
     closedChanged_.notify_all();
   });
   close();
+}
+
+void ProcessGroup::moveLife(Life to) {
+  Life life = life_.load();
+  moveState(life, to, kLifeMoves, "a group's teardown");
+  life_.store(life, std::memory_order_release);
 }
 
 void ProcessGroup::letGo() {
@@ -232,7 +242,7 @@ void ProcessGroup::refuseIfBroken(const char* op) const {
   if (health_->broken()) {
     health_->raiseIfBroken(groupInfo(), op);  // rather than open a path the group cannot use
   }
-  if (shutDown_.load(std::memory_order_acquire)) {
+  if (closed()) {
     throwDistBackendError(who() + " " + op +
                           ": the group was shut down (destroy_process_group); create a new one");
   }

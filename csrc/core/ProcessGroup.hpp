@@ -28,6 +28,7 @@
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 
 namespace streamnccl {
 
@@ -379,12 +380,20 @@ class ProcessGroup final : public c10d::Backend {
   std::mutex barrierPlacesMutex_;
   std::map<c10::DeviceType, BarrierPlace> barrierPlaces_;
 
-  // shutdown(): set by the first call, which closes the group (later ops raise); the others
-  // wait until close() has returned (except on a group thread, see shutdown()).
-  std::atomic<bool> shutDown_{false};
+  // The group's teardown: Open -> Closing (the first shutdown(), which closes it: later ops
+  // raise) -> Closed (close() has returned: the other shutdown() calls, waiting for it, return;
+  // except on a group thread, see shutdown()). Breaking is GroupHealth's, and independent: a
+  // broken group is still closed, and a closed one may break while it closes.
+  enum class Life : uint8_t { Open, Closing, Closed };
+  static constexpr std::pair<Life, Life> kLifeMoves[] = {
+      {Life::Open, Life::Closing},
+      {Life::Closing, Life::Closed},
+  };
+  std::atomic<Life> life_{Life::Open};  // moved with closedMutex_ held; read by ops without it
+  bool closed() const { return life_.load(std::memory_order_acquire) != Life::Open; }
+  void moveLife(Life to);  // with closedMutex_ held: a move of kLifeMoves (asserted)
   std::mutex closedMutex_;
   std::condition_variable closedChanged_;
-  bool closeReturned_ = false;
   bool letGo_ = false;          // letGo() ran: the last reference went, on one thread
   bool apartReserved_ = false;  // letGo() counted a teardown apart ahead (see there)
   // Coalescing is per calling thread's program order, like every op of a group.

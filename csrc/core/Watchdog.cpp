@@ -4,6 +4,7 @@
 #include "core/BreakWatcher.hpp"
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
+#include "core/StateMoves.hpp"
 
 #include <c10/util/Logging.h>
 #include <c10/util/ScopeExit.h>
@@ -431,7 +432,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
     failing.swap(inFlight_);
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
     breaker_ = std::this_thread::get_id();
-    breaking_ = Breaking::FailingOps;
+    moveState(breaking_, Breaking::FailingOps, kBreakingMoves, "a group's break");
   }
   if (failCause) {
     try {
@@ -447,7 +448,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
     auto opsFailed = c10::make_scope_exit([this] {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        breaking_ = Breaking::OpsFailed;
+        moveState(breaking_, Breaking::OpsFailed, kBreakingMoves, "a group's break");
       }
       opsFailedChanged_.notify_all();
     });

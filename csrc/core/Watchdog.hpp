@@ -52,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace streamnccl {
@@ -226,8 +227,12 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   std::string breakNews_;     // what the break's roll call found, for every op's error
   // Where the group's break is: None -> FailingOps (the break that won took the ops in flight,
   // on thread breaker_) -> OpsFailed (every one of them failed; a caller that stops kernels
-  // after a break that lost waits for this). No other transition.
+  // after a break that lost waits for this). No other move (asserted).
   enum class Breaking { None, FailingOps, OpsFailed };
+  static constexpr std::pair<Breaking, Breaking> kBreakingMoves[] = {
+      {Breaking::None, Breaking::FailingOps},
+      {Breaking::FailingOps, Breaking::OpsFailed},
+  };
   Breaking breaking_ = Breaking::None;
   // Ops taken out of inFlight_ to be failed by a break's caller (check() at a deadline,
   // learnBreak()), not yet failed. Such a caller may lose the claim to another break, which

@@ -26,12 +26,12 @@ Work::Work(OpInfo info, c10d::OpType opType, std::shared_ptr<Device> device,
       future_(std::move(future)) {}
 
 void Work::succeed() {
-  Settled unsettled = Settled::No;
-  if (!settled_.compare_exchange_strong(unsettled, Settled::Succeeded)) {
+  Outcome pending = Outcome::Pending;
+  if (!outcome_.compare_exchange_strong(pending, Outcome::Succeeded)) {
     return;
   }
   // Most ops' futures are never asked for: then no lock. getFuture() notes the ask before it
-  // reads settled_, and this reads the note after settling (both sequentially consistent), so
+  // reads outcome_, and this reads the note after settling (both sequentially consistent), so
   // either it sees this op settled and makes its future completed, or this sees the ask and,
   // under the lock the ask holds while it makes the future, completes that future.
   if (!futureAsked_.load()) {
@@ -57,15 +57,16 @@ void Work::fail(std::exception_ptr cause) {
   auto error = failureFor(cause);
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_) {
-      failure_ = error;
-      failed_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(mutex_);  // fail() is the only mover out of Succeeded
+    Outcome seen = Outcome::Pending;
+    if (!outcome_.compare_exchange_strong(seen, Outcome::Failed)) {
+      if (seen == Outcome::Succeeded) {  // recorded for exception(), not for the future
+        failure_ = error;
+        outcome_.store(Outcome::FailedAfterSuccess);
+      }
+      return;  // already failed: the first failure stays
     }
-    Settled unsettled = Settled::No;
-    if (!settled_.compare_exchange_strong(unsettled, Settled::Failed)) {
-      return;
-    }
+    failure_ = error;  // before the lock goes: exception() takes it once it sees the failure
     future = future_;
   }
   if (future) {
@@ -78,8 +79,9 @@ void Work::fail(const std::string& reason) {
 }
 
 std::exception_ptr Work::exception() const {
-  if (!failed_.load(std::memory_order_acquire)) {  // asked after every op: no lock to say so
-    return nullptr;
+  const Outcome outcome = outcome_.load(std::memory_order_acquire);
+  if (outcome != Outcome::Failed && outcome != Outcome::FailedAfterSuccess) {
+    return nullptr;  // asked after every op: no lock to say so
   }
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
@@ -104,27 +106,23 @@ void Work::markCaptured(std::shared_ptr<const void> temporaries) {
 }
 
 Work::EndState Work::pollEnd() {
-  if (ended_.load(std::memory_order_acquire)) {
-    return deviceError() ? EndState::DeviceError : EndState::Passed;
+  if (const EndState state = endState_.load(std::memory_order_acquire);
+      state != EndState::Pending) {
+    return state;
   }
-  if (end_ == nullptr) {
-    ended_.store(true, std::memory_order_release);
-    return EndState::Passed;
-  }
+  EndState seen = EndState::Pending;
   try {
-    if (!end_->query()) {
+    if (end_ != nullptr && !end_->query()) {
       return EndState::Pending;
     }
-    ended_.store(true, std::memory_order_release);
-    return EndState::Passed;
+    endState_.compare_exchange_strong(seen, EndState::Passed);  // or another poll's, first
+    return endState_.load();
   } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);  // deviceError() takes it once it sees the state
+    if (endState_.compare_exchange_strong(seen, EndState::DeviceError)) {
       deviceError_ = std::current_exception();
-      faulted_.store(true, std::memory_order_release);
     }
-    ended_.store(true, std::memory_order_release);
-    return EndState::DeviceError;
+    return endState_.load();
   }
 }
 
@@ -143,7 +141,7 @@ bool Work::pollStarted() {
 }
 
 std::exception_ptr Work::deviceError() const {
-  if (!faulted_.load(std::memory_order_acquire)) {
+  if (endState_.load(std::memory_order_acquire) != EndState::DeviceError) {
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -345,13 +343,14 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
     if (future_) {
       return future_;
     }
-    futureAsked_.store(true);              // before settled_ is read: see succeed()
-    if (settled_.load() == Settled::No) {  // the op's settling completes it
+    futureAsked_.store(true);  // before outcome_ is read: see succeed()
+    const Outcome outcome = outcome_.load();
+    if (outcome == Outcome::Pending) {  // the op's settling completes it
       future_ =
           c10::make_intrusive<c10::ivalue::Future>(tensorListType(), device_->futureDevices());
       return future_;
     }
-    settledWith = settled_.load() == Settled::Failed ? failure_ : nullptr;
+    settledWith = outcome == Outcome::Failed ? failure_ : nullptr;
   }
   // Settled already: made outside the lock (on CUDA, completing it issues device calls), as
   // the op settled; a failure after a success does not change it.

@@ -2,6 +2,7 @@
 
 #include "core/Device.hpp"
 #include "core/OpInfo.hpp"
+#include "core/StateMoves.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace streamnccl {
@@ -127,7 +129,12 @@ class Work : public c10d::Work {
   // What a look at the op's `end` found. Never throws and never runs callbacks (the watchdog
   // calls it with its lock held): a device error querying the event (a CUDA error: the
   // device can run nothing more) counts as the end, and is kept for failWithDeviceError().
-  enum class EndState { Pending, Passed, DeviceError };
+  // It is also the op's end's lifecycle (endState_): Pending -> Passed | DeviceError, once.
+  enum class EndState : uint8_t { Pending, Passed, DeviceError };
+  static constexpr std::pair<EndState, EndState> kEndMoves[] = {
+      {EndState::Pending, EndState::Passed},
+      {EndState::Pending, EndState::DeviceError},
+  };
   EndState pollEnd();
   // Whether the op's start event has passed (a timed op on a device whose tasks run before
   // their ops start): the flight recorder then marks it started. Never throws.
@@ -190,20 +197,36 @@ class Work : public c10d::Work {
   std::unique_ptr<Event> start_;
   std::unique_ptr<Event> end_;
   bool joinOnWait_ = true;
-  std::atomic<bool> ended_{false};
+  // The op's two lifecycles, each one state: its end on the device (EndState, pollEnd(); a
+  // DeviceError's error is deviceError_), and its outcome on the host (Outcome: settled by
+  // whichever of succeed() and fail() comes first; a fail() after a success still records its
+  // error, for exception(), but does not change how the op settled). Their moves are the tables
+  // kEndMoves and kOutcomeMoves, checked at compile time where the code moves them.
+  enum class Outcome : uint8_t { Pending, Succeeded, Failed, FailedAfterSuccess };
+  static constexpr std::pair<Outcome, Outcome> kOutcomeMoves[] = {
+      {Outcome::Pending, Outcome::Succeeded},
+      {Outcome::Pending, Outcome::Failed},
+      {Outcome::Succeeded, Outcome::FailedAfterSuccess},
+  };
+  // The moves Work.cpp makes with compare-and-swap, each checked against its table.
+  static_assert(legalMove(kOutcomeMoves, Outcome::Pending, Outcome::Succeeded));
+  static_assert(legalMove(kOutcomeMoves, Outcome::Pending, Outcome::Failed));
+  static_assert(legalMove(kOutcomeMoves, Outcome::Succeeded, Outcome::FailedAfterSuccess));
+  static_assert(legalMove(kEndMoves, EndState::Pending, EndState::Passed));
+  static_assert(legalMove(kEndMoves, EndState::Pending, EndState::DeviceError));
+  std::atomic<EndState> endState_{EndState::Pending};
+  // Moved with mutex_ held, but by succeed(): read after every op, without the lock.
+  std::atomic<Outcome> outcome_{Outcome::Pending};
+  // Once-only observations, not states: the start seen (flight recorder), the end counted, a
+  // captured op joined, tensors given to hold (setEnd, markCaptured).
   std::atomic<bool> started_{false};
   std::atomic<bool> retired_{false};
   std::atomic<bool> joined_{false};
-  std::atomic<bool> faulted_{false};  // deviceError_ is set
-  std::atomic<bool> failed_{false};   // failure_ is set: read after every op, without the lock
-  std::atomic<bool> holding_{false};  // inUse_ or temporaries_ was given (setEnd, markCaptured)
-  enum class Settled : uint8_t { No, Succeeded, Failed };
-  // Settled by whichever of succeed() and fail() comes first (fail() with the lock held).
-  std::atomic<Settled> settled_{Settled::No};
+  std::atomic<bool> holding_{false};
   // A future was handed out, or asked for (getFuture()): succeed() then looks for it.
   std::atomic<bool> futureAsked_;
   mutable std::mutex mutex_;    // guards what follows
-  std::exception_ptr failure_;  // the first failure, even one after a success
+  std::exception_ptr failure_;  // the first failure, even one after a success (see Outcome)
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::vector<at::Tensor> inUse_;
   std::shared_ptr<const void> temporaries_;

@@ -3,11 +3,11 @@
 #include "core/Backoff.hpp"
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
+#include "core/StateMoves.hpp"
 #include "cuda/NcclErrors.hpp"
 
 #include <c10/util/Logging.h>
 
-#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -70,24 +70,13 @@ const char* NcclConnection::makingCall() const {
   return childOf_->how == ChildOf::How::Shrink ? "ncclCommShrink" : "ncclCommSplit";
 }
 
-template <typename Lifecycle, size_t N>
-static bool legalMove(const std::pair<Lifecycle, Lifecycle> (&moves)[N], Lifecycle from,
-                      Lifecycle to) {
-  return std::find(std::begin(moves), std::end(moves), std::make_pair(from, to)) != std::end(moves);
-}
-
 void NcclConnection::moveTo(State to) {
-  TORCH_INTERNAL_ASSERT(legalMove(kStateMoves, state_, to), who(),
-                        " illegal connecting state move ", static_cast<int>(state_), " -> ",
-                        static_cast<int>(to));
-  state_ = to;
+  moveState(state_, to, kStateMoves, "a communicator's connecting");
   noteUsable();
 }
 
 void NcclConnection::moveTo(End to) {
-  TORCH_INTERNAL_ASSERT(legalMove(kEndMoves, end_, to), who(), " illegal end state move ",
-                        static_cast<int>(end_), " -> ", static_cast<int>(to));
-  end_ = to;
+  moveState(end_, to, kEndMoves, "a communicator's end");
   noteUsable();
 }
 
