@@ -76,10 +76,9 @@ class PathFactory {
     std::unique_ptr<PathFactory> factory;
     std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
   };
-  // A split of this group, as every rank of it sees it, members of the subgroup or not.
-  // (Under SplitOf::store, keys::splitVerdict() says, once, whether it goes ahead: "go", or why
-  // not, which fails every rank that takes part.)
-  struct SplitOf {
+  // A split of this group, as every rank of it sees it, members of the subgroup or not: they
+  // meet in `store` and agree there (core/SubgroupAgreement.hpp) on what goes ahead.
+  struct SplitMeeting {
     // This split's own Store, which every rank of this group shares: where they agree what
     // the subgroup is made from, and where one that gives up says why.
     c10::intrusive_ptr<c10d::Store> store;
@@ -93,13 +92,14 @@ class PathFactory {
   // subgroup's `options`. A factory may make its paths from this group's (NCCL: ncclCommSplit),
   // in which every rank of this group takes part at once: the members here, the others through
   // splitWithout(). By default a fresh split, made afresh at each path's first use.
-  virtual Subgroup splitOf(const c10::intrusive_ptr<c10d::Store>& store,
-                           const std::vector<int>& ranks,
-                           const c10::intrusive_ptr<Options>& options, const SplitOf& /*of*/) {
+  virtual Subgroup splitSubgroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                 const std::vector<int>& ranks,
+                                 const c10::intrusive_ptr<Options>& options,
+                                 const SplitMeeting& /*of*/) {
     return Subgroup{split(store, ranks, options), {}};
   }
   // This rank's part in a split of this group into a subgroup it is not a member of.
-  virtual void splitWithout(const SplitOf& /*of*/) {}
+  virtual void splitWithout(const SplitMeeting& /*of*/) {}
 
   // The allocator of memory this factory's communicators register best (NCCL: ncclMemAlloc),
   // for c10d's getMemAllocator(); null where there is none, and whyNoMemAllocator() says why.

@@ -5,14 +5,11 @@
 #include "core/GroupTeardown.hpp"
 #include "core/GroupThreads.hpp"
 #include "core/StateMoves.hpp"
-#include "core/StoreKeys.hpp"
 #include "core/hooks/Hooks.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
 #include <c10/util/ScopeExit.h>
-
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <numeric>
@@ -20,14 +17,6 @@
 
 namespace streamnccl {
 namespace {
-
-// Fails the split meeting in `store` (SplitOf::store; nothing without one) for `reason`: the
-// verdict every rank taking part reads (CudaPath.cpp), unless one was given already.
-void failSplit(const c10::intrusive_ptr<c10d::Store>& store, const std::string& reason) {
-  if (store) {
-    store->compareSet(keys::splitVerdict(), {}, std::vector<uint8_t>(reason.begin(), reason.end()));
-  }
-}
 
 std::atomic<int64_t> groupsMade{0};
 
@@ -279,112 +268,6 @@ void ProcessGroup::adoptPath(const c10::Device& device, std::unique_ptr<Path> pa
     });
     return std::move(path);
   });
-}
-
-c10::intrusive_ptr<c10d::Backend> ProcessGroup::splitAs(
-    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
-    const c10::intrusive_ptr<c10d::Backend::Options>& opts, const std::string& agreement) {
-  std::lock_guard<std::mutex> lock(splitMutex_);
-  if (lastSplit_ && lastSplit_->store == store && lastSplit_->ranks == ranks) {
-    return lastSplit_->group;
-  }
-  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
-  // Numbered first, so that every rank counts this split, whatever happens to it here.
-  PathFactory::SplitOf of = splitOf(agreement, options_->timeout);
-  // The subgroup's own settings when they are ours (pg_options of split_group), else ours.
-  const auto* requested = dynamic_cast<const streamnccl::Options*>(opts.get());
-  c10::intrusive_ptr<streamnccl::Options> options;
-  try {
-    options = streamnccl::Options::fromEnv(requested ? *requested : *options_);
-  } catch (const c10::Error& refused) {
-    // The other ranks wait for this one: end their wait.
-    failSplit(of.store,
-              who() + " split_group's options were refused: " + refused.what_without_backtrace());
-    throw;
-  }
-  if (opts) {
-    options->timeout = opts->timeout;
-  }
-  of.timeout = options->timeout;
-  if (me == ranks.end()) {
-    for (const auto& [type, factory] : factories_) {
-      factory->splitWithout(ofType(of, type));
-    }
-    lastSplit_ = LastSplit{store, ranks, nullptr};
-    return nullptr;
-  }
-  // torch makes a subgroup's store from its own, which a restarted torchelastic worker shares
-  // with the attempt before: as python/streamnccl does for every group it creates, each
-  // attempt keeps to keys of its own (a dead worker's Gloo address or NCCL unique id).
-  const c10::intrusive_ptr<c10d::Store> ours = keys::storeOfThisAttempt(store);
-  PathFactories factories;
-  std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
-  for (const auto& [type, factory] : factories_) {
-    PathFactory::Subgroup subgroup = factory->splitOf(ours, ranks, options, ofType(of, type));
-    factories.emplace(type, std::move(subgroup.factory));
-    for (auto& entry : subgroup.paths) {
-      paths.push_back(std::move(entry));
-    }
-  }
-  // The subgroup's debug checks meet through its own store.
-  auto group =
-      ProcessGroup::make(static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
-                         options, std::move(factories), ours);
-  std::vector<int> globalRanks;
-  for (const int rank : ranks) {
-    globalRanks.push_back(globalRanks_.at(rank));
-  }
-  group->setGlobalRanks(std::move(globalRanks));
-  for (auto& [device, path] : paths) {
-    group->adoptPath(device, std::move(path), "split");
-  }
-  lastSplit_ = LastSplit{store, ranks, group};
-  return group;
-}
-
-void ProcessGroup::splitWithout(const c10::Device& device, const std::string& agreement) {
-  std::lock_guard<std::mutex> lock(splitMutex_);
-  const PathFactory::SplitOf of = splitOf(agreement, options_->timeout);
-  factoryFor(device, "split").splitWithout(ofType(of, device.type()));
-  lastSplit_.reset();
-}
-
-PathFactory::SplitOf ProcessGroup::splitOf(const std::string& agreement,
-                                           std::chrono::milliseconds timeout) {
-  PathFactory::SplitOf of;
-  if (store_) {
-    // split_group's: every rank of this group splits it in the same order (torch requires it,
-    // as NCCL does), so the n-th split of each meets under the same prefix.
-    of.store = splitStore(agreement.empty() ? std::to_string(splits_++) : agreement);
-  }
-  of.rank = getRank();
-  of.size = getSize();
-  of.opened = paths_.made();
-  of.timeout = timeout;
-  if (const std::string why = awaitOpsInFlight("split", of.opened, timeout); !why.empty()) {
-    failSplit(of.store, why);  // the others end at once too
-    throwDistBackendError(why);
-  }
-  return of;
-}
-
-c10::intrusive_ptr<c10d::Store> ProcessGroup::splitStore(const std::string& name) const {
-  if (!store_) {
-    return nullptr;
-  }
-  return c10::make_intrusive<c10d::PrefixStore>(keys::split(name), store_);
-}
-
-void ProcessGroup::refuseSplit(const std::string& agreement, const std::string& why) {
-  failSplit(splitStore(agreement), who() + " " + why);
-}
-
-PathFactory::SplitOf ProcessGroup::ofType(const PathFactory::SplitOf& of, c10::DeviceType type) {
-  PathFactory::SplitOf mine = of;
-  mine.opened.clear();
-  std::copy_if(of.opened.begin(), of.opened.end(), std::back_inserter(mine.opened),
-               [type](const auto& entry) { return entry.first.type() == type; });
-  return mine;
 }
 
 void ProcessGroup::setGlobalRanks(std::vector<int> globalRanks) {

@@ -114,7 +114,7 @@ class ProcessGroup final : public c10d::Backend {
   void refuseSplit(const std::string& agreement, const std::string& why);
   bool supportsShrinking() const override { return true; }
   // The group without `ranksToExclude` (this group's ranks), its survivors renumbered in
-  // order, with connections of its own (GroupShrink.cpp). Collective over the survivors only;
+  // order, with connections of its own (GroupSubgroups.cpp). Collective over the survivors only;
   // the excluded take no part (they may be dead), and the group may be broken. Its ops in
   // flight go on (its destruction, which shrink_group does next, finishes them), or with
   // kShrinkAbort fail at once, breaking it. `opts`: the new group's settings (else this
@@ -332,10 +332,11 @@ class ProcessGroup final : public c10d::Backend {
     std::string why;  // kRefused's and kFailed's
   };
   const BarrierPlace& barrierPlaceFor(const c10::Device& named, std::chrono::milliseconds timeout);
-  // The next split of this group, as its factories see it (PathFactory::SplitOf), meeting as
+  // The next split of this group, as its factories see it (PathFactory::SplitMeeting), meeting as
   // `agreement` (when empty, as the n-th split), its subgroup's paths made within `timeout`.
   // With splitMutex_ held.
-  PathFactory::SplitOf splitOf(const std::string& agreement, std::chrono::milliseconds timeout);
+  PathFactory::SplitMeeting meetForSplit(const std::string& agreement,
+                                         std::chrono::milliseconds timeout);
   // NCCL's split, and its shrink without NCCL_SHRINK_ABORT, need the communicator's operations
   // finished (NCCL 2.30's docs: "no outstanding NCCL operations on the comm", else a deadlock
   // may follow): waits until the ops in flight on the communicators of `opened` (not the
@@ -346,10 +347,19 @@ class ProcessGroup final : public c10d::Backend {
   std::string awaitOpsInFlight(const char* what,
                                const std::vector<std::pair<c10::Device, Path*>>& opened,
                                std::chrono::milliseconds timeout);
+  // The one end of split and shrink: the subgroup of this group's `ranks` (sorted, this rank
+  // among them), made from what `makePaths` asks of each path factory (its factory, and the
+  // paths it made already), with `options`, meeting through `store`; told its global ranks,
+  // and given those paths, which it waits for (`op` names the call in errors).
+  using MakePaths = std::function<PathFactory::Subgroup(PathFactory&, c10::DeviceType)>;
+  c10::intrusive_ptr<ProcessGroup> adoptSubgroup(
+      const std::vector<int>& ranks, const c10::intrusive_ptr<streamnccl::Options>& options,
+      const c10::intrusive_ptr<c10d::Store>& store, const char* op, const MakePaths& makePaths);
   // Where the ranks of this group meet for the split `name` (null without a Store).
   c10::intrusive_ptr<c10d::Store> splitStore(const std::string& name) const;
   // `of` with only the opened paths of devices of `type`.
-  static PathFactory::SplitOf ofType(const PathFactory::SplitOf& of, c10::DeviceType type);
+  static PathFactory::SplitMeeting ofType(const PathFactory::SplitMeeting& of,
+                                          c10::DeviceType type);
   // The path of `device` opened already, for registering memory with its communicator.
   Path& openedPathFor(const c10::Device& device, const char* op);
 

@@ -1,8 +1,8 @@
 #include "cuda/CudaPath.hpp"
 
-#include "core/Backoff.hpp"
 #include "core/Errors.hpp"
 #include "core/StoreKeys.hpp"
+#include "core/SubgroupAgreement.hpp"
 #include "cuda/CudaDevice.hpp"
 #include "cuda/NcclCommunicator.hpp"
 
@@ -21,67 +21,6 @@ namespace {
 std::string rankName(int rank, int size, const c10::Device& device) {
   return "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(size) + " " +
          device.str();
-}
-
-// Which of `mine` (communicator keys) every one of `ranks` has live, as they agree through
-// `store`: a communicator is shrunk or split only where all of them can take part (one broken
-// on some rank was aborted there, and NCCL would wait for it forever). Each rank counts itself
-// in for every communicator it has live, then as arrived; once all have arrived, a
-// communicator counted by all of them is live on all of them: a few Store requests per rank,
-// whatever the number of ranks. Whether it goes ahead is one verdict, set once for all: "go"
-// by the first to see every rank arrived, or why not by the first to give up waiting (a rank
-// arriving after that fails at once, and none starts an NCCL call the others will not make).
-// `what`: "shrink" or "split", for messages.
-std::set<std::string> liveOnEveryRank(c10d::Store& store, int rank, int ranks,
-                                      const std::set<std::string>& mine,
-                                      std::chrono::milliseconds timeout, const std::string& what) {
-  const std::string who =
-      "[streamnccl rank " + std::to_string(rank) + "/" + std::to_string(ranks) + "] " + what + ": ";
-  const std::string verdictKey = keys::splitVerdict();
-  const std::string go = "go";
-  for (const std::string& key : mine) {
-    store.add(keys::splitLive(key), 1);
-  }
-  store.add(keys::splitArrived(), 1);  // after its counts: one that sees all arrived sees them
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  Backoff backoff(std::chrono::milliseconds(1), std::chrono::milliseconds(50));
-  std::string verdict;
-  while (true) {
-    if (store.check({verdictKey})) {
-      const auto bytes = store.get(verdictKey);
-      verdict.assign(bytes.begin(), bytes.end());
-      break;
-    }
-    if (store.add(keys::splitArrived(), 0) >= ranks) {
-      const auto bytes =
-          store.compareSet(verdictKey, {}, std::vector<uint8_t>(go.begin(), go.end()));
-      verdict.assign(bytes.begin(), bytes.end());
-      break;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      const std::string why = "rank " + std::to_string(rank) + " did not see every rank call it " +
-                              "within " + std::to_string(timeout.count()) + " ms";
-      const auto bytes =
-          store.compareSet(verdictKey, {}, std::vector<uint8_t>(why.begin(), why.end()));
-      verdict.assign(bytes.begin(), bytes.end());
-      if (verdict == why) {
-        throwDistBackendError(who + "not every rank that takes part called it within " +
-                              std::to_string(timeout.count()) + " ms");
-      }
-      break;  // another rank settled it first
-    }
-    backoff.pause();
-  }
-  if (verdict != go) {
-    throwDistBackendError(who + "another member gave up on it: " + verdict);
-  }
-  std::set<std::string> common;
-  for (const std::string& key : mine) {
-    if (store.add(keys::splitLive(key), 0) == ranks) {
-      common.insert(key);
-    }
-  }
-  return common;
 }
 
 // A group's opened communicators by key (NcclCommunicator::key(), the same on every rank).
@@ -229,43 +168,59 @@ std::unique_ptr<PathFactory> CudaPathFactory::split(const c10::intrusive_ptr<c10
                                            static_cast<int>(ranks.size()), std::move(own));
 }
 
-PathFactory::Subgroup CudaPathFactory::splitOf(const c10::intrusive_ptr<c10d::Store>& store,
-                                               const std::vector<int>& ranks,
-                                               const c10::intrusive_ptr<Options>& options,
-                                               const SplitOf& of) {
-  Subgroup subgroup{split(store, ranks, options), {}};
-  const OpenedByKey byKey = byKeyOf(of.opened);
-  // Every rank opened the same paths, at the same ops: none here is none anywhere.
-  if (!of.store || byKey.empty()) {
-    return subgroup;  // nothing to split from: it connects afresh at its first op
+std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> CudaPathFactory::childPaths(
+    const std::vector<std::pair<c10::Device, Path*>>& opened, c10d::Store& store, int rank,
+    int ranks, std::chrono::milliseconds timeout, const Options& options, const char* what,
+    const MakeChild& child) {
+  std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> paths;
+  const OpenedByKey byKey = byKeyOf(opened);
+  // Every rank opened the same paths, at the same ops: none here is none anywhere, and there
+  // is nothing to agree on (for a shrink, the Store may be gone with the rank that hosted it).
+  if (byKey.empty()) {
+    return paths;
   }
-  const std::set<std::string> toSplit =
-      liveOnEveryRank(*of.store, of.rank, of.size, liveOf(byKey), of.timeout, "split");
+  const std::set<std::string> live =
+      agreement::liveOnEveryRank(store, rank, ranks, liveOf(byKey), timeout, what);
+  for (const std::string& key : live) {  // in key order, the same on every rank
+    const auto& [device, parent] = byKey.at(key);
+    auto path = std::make_unique<Path>();
+    path->device = std::make_shared<CudaDevice>(cuda_, device, options.useHighPriorityStreams());
+    path->communicator = child(*parent, device);
+    paths.emplace_back(device, std::move(path));
+  }
+  return paths;
+}
+
+PathFactory::Subgroup CudaPathFactory::splitSubgroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     const c10::intrusive_ptr<Options>& options,
+                                                     const SplitMeeting& of) {
+  Subgroup subgroup{split(store, ranks, options), {}};
+  if (!of.store) {
+    return subgroup;  // nothing to agree through: it connects afresh at its first op
+  }
   const int newRank =
       static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
   const int newSize = static_cast<int>(ranks.size());
   // The subgroups of one split do not overlap, so their lowest ranks tell them apart.
   const int color = ranks.front();
   const std::string tag = "split-" + std::to_string(color) + "-of-" + std::to_string(newSize);
-  for (const std::string& key : toSplit) {  // in key order, the same on every rank
-    const auto& [device, parent] = byKey.at(key);
-    auto path = std::make_unique<Path>();
-    path->device = std::make_shared<CudaDevice>(cuda_, device, options->useHighPriorityStreams());
-    path->communicator =
-        parent->split(color, newRank, newSize, rankName(newRank, newSize, device) + "]", tag,
-                      options->timeout, options->ncclConfig, of.store);
-    subgroup.paths.emplace_back(device, std::move(path));
-  }
+  subgroup.paths = childPaths(
+      of.opened, *of.store, of.rank, of.size, of.timeout, *options, "split",
+      [&](const NcclCommunicator& parent, const c10::Device& device) {
+        return parent.split(color, newRank, newSize, rankName(newRank, newSize, device) + "]", tag,
+                            options->timeout, options->ncclConfig, of.store);
+      });
   return subgroup;
 }
 
-void CudaPathFactory::splitWithout(const SplitOf& of) {
+void CudaPathFactory::splitWithout(const SplitMeeting& of) {
   const OpenedByKey byKey = byKeyOf(of.opened);
   if (!of.store || byKey.empty()) {
     return;
   }
   const std::set<std::string> toSplit =
-      liveOnEveryRank(*of.store, of.rank, of.size, liveOf(byKey), of.timeout, "split");
+      agreement::liveOnEveryRank(*of.store, of.rank, of.size, liveOf(byKey), of.timeout, "split");
   for (const std::string& key : toSplit) {
     byKey.at(key).second->splitWithoutColor(of.timeout, of.store);
   }
@@ -279,32 +234,19 @@ PathFactory::Subgroup CudaPathFactory::shrink(
       static_cast<int>(std::find(survivors.begin(), survivors.end(), rank_) - survivors.begin());
   const int newSize = static_cast<int>(survivors.size());
   Subgroup shrunk{split(store, survivors, options), {}};
-  const OpenedByKey byKey = byKeyOf(opened);
-  // Every survivor opened the same paths, at the same ops: none here is none anywhere, and
-  // there is nothing to agree on (the Store may be gone with the rank that hosted it).
-  if (byKey.empty()) {
-    return shrunk;
-  }
-  const std::set<std::string> toShrink =
-      liveOnEveryRank(*store, newRank, newSize, liveOf(byKey), options->timeout, "shrink");
-  if (toShrink.empty()) {
-    return shrunk;  // the survivors connect afresh when they first need to
-  }
-  int version = 0;
-  TORCH_CHECK(nccl_->getVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 27, 0),
-              "streamnccl: shrink_group needs NCCL 2.27 or newer (ncclCommShrink); this "
-              "process loaded NCCL ",
-              version / 10000, ".", version % 10000 / 100, ".", version % 100);
-  // In key order, the same on every survivor.
-  for (const std::string& key : toShrink) {
-    const auto& [device, parent] = byKey.at(key);
-    auto path = std::make_unique<Path>();
-    path->device = std::make_shared<CudaDevice>(cuda_, device, options->useHighPriorityStreams());
-    path->communicator = parent->shrunk(excluded, abortInFlight, newRank, newSize,
-                                        rankName(newRank, newSize, device) + "]", options->timeout,
-                                        options->ncclConfig, store);
-    shrunk.paths.emplace_back(device, std::move(path));
-  }
+  // Only the survivors take part; those not live on all of them connect afresh when first used.
+  shrunk.paths = childPaths(
+      opened, *store, newRank, newSize, options->timeout, *options, "shrink",
+      [&](const NcclCommunicator& parent, const c10::Device& device) {
+        int version = 0;
+        TORCH_CHECK(nccl_->getVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 27, 0),
+                    "streamnccl: shrink_group needs NCCL 2.27 or newer (ncclCommShrink); this "
+                    "process loaded NCCL ",
+                    version / 10000, ".", version % 10000 / 100, ".", version % 100);
+        return parent.shrunk(excluded, abortInFlight, newRank, newSize,
+                             rankName(newRank, newSize, device) + "]", options->timeout,
+                             options->ncclConfig, store);
+      });
   return shrunk;
 }
 

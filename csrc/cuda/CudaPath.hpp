@@ -7,11 +7,14 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
 namespace streamnccl {
+
+class NcclCommunicator;
 
 // Opens the NCCL path for one CUDA device: a CudaDevice and that device's NCCL communicator
 // over the whole group. A peer's lanes are each a CudaDevice (so a stream of their own) and a
@@ -38,10 +41,11 @@ class CudaPathFactory final : public PathFactory {
   // The subgroup's factory, and its communicators split from this group's (ncclCommSplit)
   // where every rank of this group still has that communicator live (agreed through
   // `of.store`); the others are made afresh when first used.
-  Subgroup splitOf(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
-                   const c10::intrusive_ptr<Options>& options, const SplitOf& of) override;
-  // Takes part, with NCCL_SPLIT_NOCOLOR, in the splits that splitOf() makes on the members.
-  void splitWithout(const SplitOf& of) override;
+  Subgroup splitSubgroup(const c10::intrusive_ptr<c10d::Store>& store,
+                         const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& options,
+                         const SplitMeeting& of) override;
+  // Takes part, with NCCL_SPLIT_NOCOLOR, in the splits that splitSubgroup() makes on the members.
+  void splitWithout(const SplitMeeting& of) override;
   // The survivors' factory, and their communicators shrunk from this group's (ncclCommShrink,
   // NCCL 2.27+) where every survivor still has that communicator live; the others are made
   // afresh when first used. Refused at the call with an older NCCL, where there is one to
@@ -70,6 +74,16 @@ class CudaPathFactory final : public PathFactory {
   // Likewise per peer: the n-th lanes two ranks open to each other meet under the same keys.
   std::unordered_map<int, int> lanesOpened_;
   std::once_flag allocatorMade_;
+  // The one way split and shrink make a subgroup's paths from this group's `opened`: those
+  // whose communicator every one of `ranks` taking part has live (agreed through `store`,
+  // core/SubgroupAgreement.hpp; `rank`: this one among them), in key order (the same on every
+  // rank), each on a device of its own, with the communicator `child` makes from this group's.
+  using MakeChild = std::function<std::shared_ptr<NcclCommunicator>(const NcclCommunicator& parent,
+                                                                    const c10::Device& device)>;
+  std::vector<std::pair<c10::Device, std::unique_ptr<Path>>> childPaths(
+      const std::vector<std::pair<c10::Device, Path*>>& opened, c10d::Store& store, int rank,
+      int ranks, std::chrono::milliseconds timeout, const Options& options, const char* what,
+      const MakeChild& child);
   std::shared_ptr<c10::Allocator> allocator_;
 };
 
