@@ -153,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions&
                  opts.timeout,
                  /*blockHostOnWait=*/true},
                 path,
-                {[token](Communicator& comm, Kernels&, c10::Stream stream) {
+                {[token](Transport& comm, Kernels&, c10::Stream stream) {
                    comm.allReduce(token, token, ReduceKind::Sum, stream);
                  },
                  nullptr});

@@ -17,7 +17,7 @@ namespace {
 // The issue step of both reduce_scatter forms, once `whole` (every rank's block, on this rank)
 // is made: its premultiplied copy and the output computed in stay in `scratch` (0 and 1)
 // until the task ends, as NCCL reads them at the group's end.
-void issueReduceScatter(Communicator& comm, Kernels& kernels, c10::Stream stream,
+void issueReduceScatter(Transport& comm, Kernels& kernels, c10::Stream stream,
                         const at::Tensor& whole, const at::Tensor& output,
                         const lowering::Reduction& reduction, lowering::Pair& scratch) {
   auto& [in, result] = scratch;
@@ -55,7 +55,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
       // The tensor, and what `work` computes in, in the scratch: held once for both steps.
       Steps::over(
           lowering::Pair{tensor, {}},
-          [reduction](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+          [reduction](lowering::Pair& scratch, Transport& comm, Kernels& kernels,
                       c10::Stream stream) {
             auto& [tensor, work] = scratch;
             work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
@@ -89,18 +89,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& 
                        ", expected 0 (one tensor per process)");
   Path& path = pathFor(tensor.device(), op);
   const int root = static_cast<int>(opts.rootRank);
-  return submit({op, c10d::OpType::BROADCAST, tensor, tensors, tensors, opts.asyncOp, opts.timeout},
-                path,
-                Steps::over<at::Tensor>(
-                    [tensor, root](at::Tensor& work, Communicator& comm, Kernels& kernels,
-                                   c10::Stream stream) {
-                      work = kernels.contiguous(tensor);
-                      const at::Tensor buffer = lowering::bytes(work);
-                      comm.broadcast(buffer, buffer, root, stream);
-                    },
-                    [tensor](at::Tensor& work, Kernels& kernels) {
-                      lowering::copyBack(kernels, tensor, work);
-                    }));
+  return submit(
+      {op, c10d::OpType::BROADCAST, tensor, tensors, tensors, opts.asyncOp, opts.timeout}, path,
+      Steps::over<at::Tensor>(
+          [tensor, root](at::Tensor& work, Transport& comm, Kernels& kernels, c10::Stream stream) {
+            work = kernels.contiguous(tensor);
+            const at::Tensor buffer = lowering::bytes(work);
+            comm.broadcast(buffer, buffer, root, stream);
+          },
+          [tensor](at::Tensor& work, Kernels& kernels) {
+            lowering::copyBack(kernels, tensor, work);
+          }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& tensors,
@@ -123,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
       path,
       Steps::over(
           lowering::Pair{tensor, {}},
-          [reduction, root](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+          [reduction, root](lowering::Pair& scratch, Transport& comm, Kernels& kernels,
                             c10::Stream stream) {
             auto& [tensor, work] = scratch;
             work = lowering::premultiplied(kernels, kernels.contiguous(tensor), reduction);
@@ -153,7 +152,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
       {op, c10d::OpType::ALLGATHER, input, inputTensors, outputs, opts.asyncOp, opts.timeout}, path,
       // The scratch: the dense input, the gathered buffer.
       Steps::over<lowering::Pair>(
-          [input, size](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+          [input, size](lowering::Pair& scratch, Transport& comm, Kernels& kernels,
                         c10::Stream stream) {
             auto& [dense, gathered] = scratch;
             dense = kernels.contiguous(input);
@@ -204,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(at::Tensor& outputT
       path,
       // The scratch: the dense input, the output computed in.
       Steps::over<lowering::Pair>(
-          [input, output](lowering::Pair& scratch, Communicator& comm, Kernels& kernels,
+          [input, output](lowering::Pair& scratch, Transport& comm, Kernels& kernels,
                           c10::Stream stream) {
             auto& [dense, result] = scratch;
             dense = kernels.contiguous(input);
@@ -249,7 +248,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
                 path,
                 // The scratch: the dense input, the output computed in.
                 Steps::over<lowering::Pair>(
-                    [input, output, reduction](lowering::Pair& scratch, Communicator& comm,
+                    [input, output, reduction](lowering::Pair& scratch, Transport& comm,
                                                Kernels& kernels, c10::Stream stream) {
                       issueReduceScatter(comm, kernels, stream, kernels.contiguous(input), output,
                                          reduction, scratch);
@@ -276,7 +275,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
                 path,
                 // The scratch: the concatenated input, the output computed in.
                 Steps::over<lowering::Pair>(
-                    [inputs, output, reduction](lowering::Pair& scratch, Communicator& comm,
+                    [inputs, output, reduction](lowering::Pair& scratch, Transport& comm,
                                                 Kernels& kernels, c10::Stream stream) {
                       std::vector<at::Tensor> dense;
                       dense.reserve(inputs.size());

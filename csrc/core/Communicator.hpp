@@ -35,9 +35,12 @@ struct ReduceOp {
   bool factorOnHost = true;
 };
 
-class Communicator {
+// What an op's task calls: the data movement, and the brackets of a group of such calls. A
+// Communicator is one, and more (its life, below); a task sees only this part, which a wrapper
+// of the task's calls (UnversionedTransport, InflightWrites.hpp) implements alone.
+class Transport {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Transport() = default;
 
   // Whether allReduce can take ReduceKind::Avg for this dtype. Where it cannot, the core
   // lowers AVG to a sum followed by a division on the same stream.
@@ -92,7 +95,12 @@ class Communicator {
   // outermost groupEnd() issues. Results are ready in stream order after groupEnd().
   virtual void groupStart() = 0;
   virtual void groupEnd() = 0;
+};
 
+// A transport with a life: it connects, may fail on its own, and ends (closed in order, or
+// aborted by its group's break).
+class Communicator : public Transport {
+ public:
   // Blocks until the communicator is connected to its peers (NCCL's init completes once every
   // member has called it), the group's timeout passes, or it is aborted; raises
   // DistBackendError then. Communicators that connect at once do nothing.
@@ -150,7 +158,7 @@ class Communicator {
 // group is the calling thread's, and one left open would swallow that thread's next calls.
 class CommunicatorGroup {
  public:
-  explicit CommunicatorGroup(Communicator& communicator) : communicator_(communicator) {
+  explicit CommunicatorGroup(Transport& communicator) : communicator_(communicator) {
     communicator_.groupStart();
   }
   ~CommunicatorGroup() {
@@ -171,7 +179,7 @@ class CommunicatorGroup {
   }
 
  private:
-  Communicator& communicator_;
+  Transport& communicator_;
   bool ended_ = false;
 };
 

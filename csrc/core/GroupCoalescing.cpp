@@ -45,7 +45,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::endCoalescing() {
     return c10d::Work::create_from_future(done);
   }
   const at::Tensor shapeOf = group.inputs.empty() ? group.outputs.front() : group.inputs.front();
-  Steps combined{[steps = group.steps](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+  Steps combined{[steps = group.steps](Transport& comm, Kernels& kernels, c10::Stream stream) {
                    CommunicatorGroup group(comm);
                    for (const auto& step : steps) {
                      step.issue(comm, kernels, stream);

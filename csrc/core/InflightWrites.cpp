@@ -172,55 +172,55 @@ void InflightWriteCheck::unwatch() {
 
 // Inputs too: a communicator may use an input as scratch (Gloo's algorithms may), and an input
 // that is also the output stays one tensor, which tells the communicator to work in place.
-UnversionedCommunicator::Buffers UnversionedCommunicator::unversionedPair(
-    const at::Tensor& input, const at::Tensor& output) {
+UnversionedTransport::Buffers UnversionedTransport::unversionedPair(const at::Tensor& input,
+                                                                    const at::Tensor& output) {
   at::Tensor out = unversioned(output);
   at::Tensor in = input.is_same(output) ? out : unversioned(input);
   return {std::move(in), std::move(out)};
 }
 
-void UnversionedCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
-                                        const ReduceOp& op, c10::Stream stream) {
+void UnversionedTransport::allReduce(const at::Tensor& input, const at::Tensor& output,
+                                     const ReduceOp& op, c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);
   wrapped_.allReduce(buffers.input, buffers.output, op, stream);
 }
 
-void UnversionedCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
-                                        c10::Stream stream) {
+void UnversionedTransport::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
+                                     c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);
   wrapped_.broadcast(buffers.input, buffers.output, root, stream);
 }
 
-void UnversionedCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
-                                        c10::Stream stream) {
+void UnversionedTransport::allGather(const at::Tensor& input, const at::Tensor& output,
+                                     c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);
   wrapped_.allGather(buffers.input, buffers.output, stream);
 }
 
-void UnversionedCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
-                                       const std::vector<int64_t>& inSplits,
-                                       const std::vector<int64_t>& outSplits, c10::Stream stream) {
+void UnversionedTransport::allToAll(const at::Tensor& input, const at::Tensor& output,
+                                    const std::vector<int64_t>& inSplits,
+                                    const std::vector<int64_t>& outSplits, c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);
   wrapped_.allToAll(buffers.input, buffers.output, inSplits, outSplits, stream);
 }
 
-void UnversionedCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
-                                     const ReduceOp& op, int root, c10::Stream stream) {
+void UnversionedTransport::reduce(const at::Tensor& input, const at::Tensor& output,
+                                  const ReduceOp& op, int root, c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);
   wrapped_.reduce(buffers.input, buffers.output, op, root, stream);
 }
 
-void UnversionedCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
-                                            const ReduceOp& op, c10::Stream stream) {
+void UnversionedTransport::reduceScatter(const at::Tensor& input, const at::Tensor& output,
+                                         const ReduceOp& op, c10::Stream stream) {
   const auto buffers = unversionedPair(input, output);
   wrapped_.reduceScatter(buffers.input, buffers.output, op, stream);
 }
 
-void UnversionedCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stream) {
+void UnversionedTransport::recv(const at::Tensor& output, int peer, c10::Stream stream) {
   wrapped_.recv(unversioned(output), peer, stream);
 }
 
-int UnversionedCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream stream) {
+int UnversionedTransport::recvFromAnySource(const at::Tensor& output, c10::Stream stream) {
   return wrapped_.recvFromAnySource(unversioned(output), stream);
 }
 

@@ -24,7 +24,7 @@
 // takes too, so whatever ATen bumps is credited and never seen half done; a later op of the
 // group writing the same tensor, in stream order after this one, is credited in the same way.
 // Their communicator writes go through aliases with counters of their own
-// (UnversionedCommunicator), as NCCL's raw writes never count: Gloo copies into outputs on its
+// (UnversionedTransport), as NCCL's raw writes never count: Gloo copies into outputs on its
 // own threads while the op waits for its peers, when they could not be told from the caller's.
 //
 // Views aside (a write to any view of a tensor's base counts, the counter being the base's), it
@@ -127,13 +127,13 @@ class InflightWriteCheck {
   std::optional<std::string> atWait_;
 };
 
-// The communicator an async op's task uses while its writes are checked: every buffer reaches
+// The transport an async op's task uses while its writes are checked: every buffer reaches
 // the wrapped one as an alias with a version counter of its own (Tensor::variable_data(), what
 // Python's .data is), so that what it writes bumps no counter of the caller's, as NCCL's raw
 // writes never do.
-class UnversionedCommunicator final : public Communicator {
+class UnversionedTransport final : public Transport {
  public:
-  explicit UnversionedCommunicator(std::shared_ptr<Communicator> wrapped)
+  explicit UnversionedTransport(std::shared_ptr<Communicator> wrapped)
       : owned_(std::move(wrapped)), wrapped_(*owned_) {}
 
   bool supportsAvg(at::ScalarType dtype) const override { return wrapped_.supportsAvg(dtype); }
@@ -163,16 +163,6 @@ class UnversionedCommunicator final : public Communicator {
   int recvFromAnySource(const at::Tensor& output, c10::Stream stream) override;
   void groupStart() override { wrapped_.groupStart(); }
   void groupEnd() override { wrapped_.groupEnd(); }
-  void waitReady() override { wrapped_.waitReady(); }
-  void stopConnecting() override { wrapped_.stopConnecting(); }
-  void abort() override { wrapped_.abort(); }
-  void beginClose() override { wrapped_.beginClose(); }
-  std::string endClose(std::chrono::steady_clock::time_point deadline) override {
-    return wrapped_.endClose(deadline);
-  }
-  void noteCaptured() override { wrapped_.noteCaptured(); }
-  const std::string& key() const override { return wrapped_.key(); }
-  std::string asyncError() override { return wrapped_.asyncError(); }
 
  private:
   struct Buffers {

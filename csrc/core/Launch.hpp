@@ -31,7 +31,7 @@ class Work;
 // the caller wants them, after the calls in stream order. Both run inside the op's enqueued
 // task, and issue every ATen kernel through the Kernels they are given.
 struct Steps {
-  std::function<void(Communicator&, Kernels&, c10::Stream)> issue;
+  std::function<void(Transport&, Kernels&, c10::Stream)> issue;
   std::function<void(Kernels&)> finish;
   std::shared_ptr<void> shared;  // what the two use (see over()), alive as long as they are
 
@@ -56,7 +56,7 @@ struct Steps {
     auto shared =
         std::make_shared<Shared>(Shared{std::move(scratch), std::move(issue), std::move(finish)});
     Shared* one = shared.get();
-    Steps steps{[one](Communicator& comm, Kernels& kernels, c10::Stream stream) {
+    Steps steps{[one](Transport& comm, Kernels& kernels, c10::Stream stream) {
                   one->issue(one->scratch, comm, kernels, stream);
                 },
                 nullptr, std::move(shared)};

@@ -85,7 +85,7 @@ bool premulFactorIsTensor(const c10d::ReduceOp& reduceOp) {
 }  // namespace
 
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
-                    const Communicator& communicator, Kernels& kernels) {
+                    const Transport& communicator, Kernels& kernels) {
   const at::ScalarType dtype = tensor.scalar_type();
   const c10d::ReduceOp::RedOpType type = reduceOp.op_;
   if (at::isComplexType(dtype)) {

@@ -49,7 +49,7 @@ using Many = std::vector<at::Tensor>;
 // MAX/MIN (logical or/and); complex only for ops that act on real and imaginary parts alone.
 // A factor of another dtype is converted at the call, on the caller's stream (`kernels`).
 Reduction reduction(const char* op, const c10d::ReduceOp& reduceOp, const at::Tensor& tensor,
-                    const Communicator& communicator, Kernels& kernels);
+                    const Transport& communicator, Kernels& kernels);
 
 // The buffer a reduction works on: complex as its real view, bool as bytes; any other tensor
 // is itself, borrowed (no reference count on every op's path), so the result may not outlive

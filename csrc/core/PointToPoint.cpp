@@ -60,7 +60,7 @@ int64_t bytesPerRow(const at::Tensor& tensor) {
 // rank r (receiving them for gather, sending them for scatter), each other rank `own` with the
 // root the other way. The dense buffers are made first, in `scratch` (the root's by rank, the
 // others' at the end), then the calls go in one communicator group.
-void exchangeWithRoot(Communicator& comm, Kernels& kernels, c10::Stream stream,
+void exchangeWithRoot(Transport& comm, Kernels& kernels, c10::Stream stream,
                       lowering::Many& scratch, const std::vector<at::Tensor>& rootBlocks,
                       const at::Tensor& own, int root, int rank, int size, bool rootReceives) {
   scratch.resize(size + 1);
@@ -109,7 +109,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
   launch.peer = dstRank;
   return submit(std::move(launch), path,
                 Steps::over<at::Tensor>(
-                    [tensor, dstRank](at::Tensor& scratch, Communicator& comm, Kernels& kernels,
+                    [tensor, dstRank](at::Tensor& scratch, Transport& comm, Kernels& kernels,
                                       c10::Stream stream) {
                       scratch = kernels.contiguous(tensor);
                       comm.send(lowering::bytes(scratch), dstRank, stream);
@@ -128,7 +128,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
   launch.peer = srcRank;
   return submit(std::move(launch), path,
                 Steps::over<at::Tensor>(
-                    [tensor, srcRank](at::Tensor& scratch, Communicator& comm, Kernels& kernels,
+                    [tensor, srcRank](at::Tensor& scratch, Transport& comm, Kernels& kernels,
                                       c10::Stream stream) {
                       scratch = kernels.contiguous(tensor);
                       comm.recv(lowering::bytes(scratch), srcRank, stream);
@@ -151,7 +151,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tenso
   launch.sourceRank = sender;
   return submit(std::move(launch), path,
                 Steps::over<at::Tensor>(
-                    [tensor, sender](at::Tensor& scratch, Communicator& comm, Kernels& kernels,
+                    [tensor, sender](at::Tensor& scratch, Transport& comm, Kernels& kernels,
                                      c10::Stream stream) {
                       scratch = kernels.contiguous(tensor);
                       *sender = comm.recvFromAnySource(lowering::bytes(scratch), stream);
@@ -214,7 +214,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gatherToRoot(const char* op, const 
       {op, c10d::OpType::GATHER, input, inputs, std::move(outputs), opts.asyncOp, opts.timeout},
       path,
       Steps::over<lowering::Many>(
-          [input, ranksParts, root, rank, size](lowering::Many& scratch, Communicator& comm,
+          [input, ranksParts, root, rank, size](lowering::Many& scratch, Transport& comm,
                                                 Kernels& kernels, c10::Stream stream) {
             exchangeWithRoot(comm, kernels, stream, scratch, ranksParts, input, root, rank, size,
                              /*rootReceives=*/true);
@@ -255,7 +255,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
   return submit(
       {op, c10d::OpType::SCATTER, output, inputs, outputTensors, opts.asyncOp, opts.timeout}, path,
       Steps::over<lowering::Many>(
-          [inputs, output, root, rank, size](lowering::Many& scratch, Communicator& comm,
+          [inputs, output, root, rank, size](lowering::Many& scratch, Transport& comm,
                                              Kernels& kernels, c10::Stream stream) {
             exchangeWithRoot(comm, kernels, stream, scratch, inputs, output, root, rank, size,
                              /*rootReceives=*/false);
@@ -315,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
     return submit(
         std::move(launch), path,
         Steps::over<lowering::Pair>(
-            [=](lowering::Pair& scratch, Communicator& comm, Kernels& kernels, c10::Stream stream) {
+            [=](lowering::Pair& scratch, Transport& comm, Kernels& kernels, c10::Stream stream) {
               scratch[0] = lowering::bytes(kernels.contiguous(input));
               scratch[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
               comm.allToAll(scratch[0], lowering::bytes(scratch[1]), inBytes, outBytes, stream);
@@ -332,7 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& outputTen
   return submit(
       std::move(launch), path,
       Steps::over<lowering::Pair>(
-          [=](lowering::Pair& scratch, Communicator& comm, Kernels& kernels, c10::Stream stream) {
+          [=](lowering::Pair& scratch, Transport& comm, Kernels& kernels, c10::Stream stream) {
             scratch[0] = lowering::bytes(kernels.contiguous(input));
             scratch[1] = lowering::receiveBuffer(kernels, output, outputOverInput);
             const at::Tensor outBytes = lowering::bytes(scratch[1]);
@@ -391,7 +391,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
   return submit(
       {op, c10d::OpType::ALLTOALL, inputs[0], inputs, outputs, opts.asyncOp, opts.timeout}, path,
       Steps::over<lowering::Many>(
-          [=](lowering::Many& scratch, Communicator& comm, Kernels& kernels, c10::Stream stream) {
+          [=](lowering::Many& scratch, Transport& comm, Kernels& kernels, c10::Stream stream) {
             scratch.resize(2 * size);
             for (const auto r : c10::irange(size)) {
               if (r != rank && inputs[r].numel() > 0) {

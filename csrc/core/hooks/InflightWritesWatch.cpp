@@ -23,9 +23,9 @@ class InflightWritesWatch final : public LaunchHook {
     std::shared_ptr<InflightWriteCheck> check =
         writes_->watch(work.info(), op.launch.inputs.get(), work.outputs());
     work.checkWrites(check);
-    auto unversioned = std::make_shared<UnversionedCommunicator>(op.path.communicator);
+    auto unversioned = std::make_shared<UnversionedTransport>(op.path.communicator);
     op.steps.issue = [issue = std::move(op.steps.issue), check, unversioned](
-                         Communicator& /*versioned*/, Kernels& kernels, c10::Stream stream) {
+                         Transport& /*versioned*/, Kernels& kernels, c10::Stream stream) {
       kernels.creditWritesTo(&check->group());
       issue(*unversioned, kernels, stream);
     };

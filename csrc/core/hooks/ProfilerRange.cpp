@@ -8,17 +8,16 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 
+#include <numeric>
 #include <optional>
 
 namespace streamnccl::hooks {
 namespace {
 
 int64_t elementsOf(const std::vector<at::Tensor>& tensors) {
-  int64_t count = 0;
-  for (const auto& tensor : tensors) {
-    count += tensor.numel();
-  }
-  return count;
+  return std::accumulate(
+      tensors.begin(), tensors.end(), int64_t{0},
+      [](int64_t sum, const at::Tensor& tensor) { return sum + tensor.numel(); });
 }
 
 // The range and what it reads while open, ended in the reverse order of the members: the

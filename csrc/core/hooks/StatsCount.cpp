@@ -6,16 +6,15 @@
 #include "core/Work.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 namespace streamnccl::hooks {
 namespace {
 
 uint64_t bytesOf(const std::vector<at::Tensor>& tensors) {
-  uint64_t bytes = 0;
-  for (const auto& tensor : tensors) {
-    bytes += tensor.nbytes();
-  }
-  return bytes;
+  return std::accumulate(
+      tensors.begin(), tensors.end(), uint64_t{0},
+      [](uint64_t sum, const at::Tensor& tensor) { return sum + tensor.nbytes(); });
 }
 
 class StatsCount final : public LaunchHook {

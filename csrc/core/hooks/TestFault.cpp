@@ -20,12 +20,12 @@ class TestFault final : public LaunchHook {
       return nullptr;
     }
     if (fault_.fail) {
-      op.steps.issue = [](Communicator&, Kernels&, c10::Stream) {
+      op.steps.issue = [](Transport&, Kernels&, c10::Stream) {
         throwDistBackendError("injected fault (STREAMNCCL_TEST_FAULT)");
       };
     } else {
       op.steps.issue = [issue = std::move(op.steps.issue), delay = fault_.delay](
-                           Communicator& comm, Kernels& kernels, c10::Stream stream) {
+                           Transport& comm, Kernels& kernels, c10::Stream stream) {
         std::this_thread::sleep_for(delay);
         issue(comm, kernels, stream);
       };
