@@ -198,6 +198,39 @@ const char* FlightRecorder::stateName(State state) {
   return "unknown";
 }
 
+c10::Dict<c10::IValue, c10::IValue> FlightRecorder::asDict(const Entry& entry) {
+  const RecordedOp& op = entry.op;
+  auto dict = newDict();
+  dict.insert("record_id", entry.id);
+  dict.insert("pg_id", entry.group->uid);
+  dict.insert("process_group", c10::ivalue::Tuple::create(entry.group->name, entry.group->desc));
+  dict.insert("collective_seq_id", static_cast<int64_t>(op.collectiveSeq));
+  dict.insert("p2p_seq_id", static_cast<int64_t>(op.p2pSeq));
+  dict.insert("op_id", static_cast<int64_t>(op.opId));
+  dict.insert("profiling_name", op.profilingName);
+  dict.insert("time_created_ns", entry.createdNs);
+  dict.insert("input_sizes", sizesList(entry.inputs.sizes));
+  dict.insert("input_dtypes", dtypesList(entry.inputs.dtypes));
+  dict.insert("output_sizes", sizesList(entry.outputs.sizes));
+  dict.insert("output_dtypes", dtypesList(entry.outputs.dtypes));
+  dict.insert("state", std::string(stateName(entry.state)));
+  dict.insert("time_discovered_started_ns",
+              entry.startedNs ? c10::IValue(entry.startedNs) : c10::IValue());
+  dict.insert("time_discovered_completed_ns",
+              entry.completedNs ? c10::IValue(entry.completedNs) : c10::IValue());
+  dict.insert("retired", entry.retired);
+  dict.insert("timeout_ms", static_cast<int64_t>(op.timeout.count()));
+  dict.insert("is_p2p", op.p2p);
+  if (entry.durationMs) {
+    dict.insert("duration_ms", *entry.durationMs);
+  }
+  if (!entry.error.empty()) {
+    dict.insert("error", entry.error);  // streamnccl's own key: why the op failed
+  }
+  dict.insert("frames", c10::List<c10::IValue>(c10::AnyType::get()));
+  return dict;
+}
+
 std::string FlightRecorder::dump() const {
   std::lock_guard<std::mutex> lock(mutex_);
 
@@ -206,36 +239,7 @@ std::string FlightRecorder::dump() const {
   std::map<std::string, std::array<int64_t, 3>> status;
   for (const Entry* entry : kept(nullptr)) {
     const RecordedOp& op = entry->op;
-    auto dict = newDict();
-    dict.insert("record_id", entry->id);
-    dict.insert("pg_id", entry->group->uid);
-    dict.insert("process_group",
-                c10::ivalue::Tuple::create(entry->group->name, entry->group->desc));
-    dict.insert("collective_seq_id", static_cast<int64_t>(op.collectiveSeq));
-    dict.insert("p2p_seq_id", static_cast<int64_t>(op.p2pSeq));
-    dict.insert("op_id", static_cast<int64_t>(op.opId));
-    dict.insert("profiling_name", op.profilingName);
-    dict.insert("time_created_ns", entry->createdNs);
-    dict.insert("input_sizes", sizesList(entry->inputs.sizes));
-    dict.insert("input_dtypes", dtypesList(entry->inputs.dtypes));
-    dict.insert("output_sizes", sizesList(entry->outputs.sizes));
-    dict.insert("output_dtypes", dtypesList(entry->outputs.dtypes));
-    dict.insert("state", std::string(stateName(entry->state)));
-    dict.insert("time_discovered_started_ns",
-                entry->startedNs ? c10::IValue(entry->startedNs) : c10::IValue());
-    dict.insert("time_discovered_completed_ns",
-                entry->completedNs ? c10::IValue(entry->completedNs) : c10::IValue());
-    dict.insert("retired", entry->retired);
-    dict.insert("timeout_ms", static_cast<int64_t>(op.timeout.count()));
-    dict.insert("is_p2p", op.p2p);
-    if (entry->durationMs) {
-      dict.insert("duration_ms", *entry->durationMs);
-    }
-    if (!entry->error.empty()) {
-      dict.insert("error", entry->error);  // streamnccl's own key: why the op failed
-    }
-    dict.insert("frames", c10::List<c10::IValue>(c10::AnyType::get()));
-    entries.push_back(dict);
+    entries.push_back(asDict(*entry));
 
     if (!op.p2p) {
       auto& last =

@@ -10,7 +10,9 @@
 // and event timing are not exported by libtorch. Every op is named "nccl:<op>" as
 // ProcessGroupNCCL names it, on the host path too: the analyzer accepts no other prefix.
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
 
 #include <atomic>
@@ -108,6 +110,8 @@ class FlightRecorder {
   std::vector<const Entry*> kept(const std::string* groupName) const;
   // "scheduled", "started" or "completed", as torch's recorder names the states.
   static const char* stateName(State state);
+  // One entry as torch's flight recorder writes it (dump()).
+  static c10::Dict<c10::IValue, c10::IValue> asDict(const Entry& entry);
 
   std::atomic<bool> enabled_{false};  // read by every launch: no lock
   mutable std::mutex mutex_;

@@ -118,13 +118,16 @@ void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
   auto input = [&](int r, size_t count) {
     return viewOf(ops[r]->send, count, first.type).to(wideTypeOf(first.type)).clone();
   };
+  auto everyInput = [&](size_t count) {
+    std::vector<at::Tensor> parts;
+    for (const auto r : c10::irange(n)) {
+      parts.push_back(input(r, count));
+    }
+    return parts;
+  };
   switch (first.kind) {
     case NcclOp::Kind::AllReduce: {
-      std::vector<at::Tensor> parts;
-      for (const auto r : c10::irange(n)) {
-        parts.push_back(input(r, first.count));
-      }
-      const at::Tensor result = reduce(parts, ops);
+      const at::Tensor result = reduce(everyInput(first.count), ops);
       for (const auto r : c10::irange(n)) {
         if (writes(r)) {
           write(*ops[r], first.count, result);
@@ -133,12 +136,8 @@ void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
       break;
     }
     case NcclOp::Kind::Reduce: {
-      std::vector<at::Tensor> parts;
-      for (const auto r : c10::irange(n)) {
-        parts.push_back(input(r, first.count));
-      }
       if (writes(first.root)) {
-        write(*ops[first.root], first.count, reduce(parts, ops));
+        write(*ops[first.root], first.count, reduce(everyInput(first.count), ops));
       }
       break;
     }
@@ -165,10 +164,7 @@ void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
       break;
     }
     case NcclOp::Kind::ReduceScatter: {
-      std::vector<at::Tensor> wholes;
-      for (const auto q : c10::irange(n)) {
-        wholes.push_back(input(q, n * first.count));
-      }
+      const std::vector<at::Tensor> wholes = everyInput(n * first.count);
       for (const auto r : c10::irange(n)) {
         if (!writes(r)) {
           continue;

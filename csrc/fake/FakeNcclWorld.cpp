@@ -248,9 +248,11 @@ std::optional<FakeNcclWorld::Member> FakeNcclWorld::findHead(uint64_t comm, int 
   return std::nullopt;
 }
 
-bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item) {
-  // The kernels that must run together: this one, and transitively every peer kernel one of
-  // them needs. Each must be first on its stream (its GPU's queue); else none runs yet.
+std::optional<std::vector<FakeNcclWorld::Member>> FakeNcclWorld::runningWith(FakeGpu& gpu,
+                                                                             StreamId stream,
+                                                                             const Item& item) {
+  // This kernel, and transitively every peer kernel one of them needs. Each must be first on
+  // its stream (its GPU's queue); else none runs yet.
   std::vector<Member> members{{&gpu, stream, &item}};
   std::set<const Item*> seen{&item};
   for (size_t next = 0; next < members.size(); ++next) {
@@ -273,7 +275,7 @@ bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item
       }
       for (const auto& partner : partners) {
         if (!partner) {
-          return false;
+          return std::nullopt;
         }
         if (seen.insert(partner->item).second) {
           members.push_back(*partner);
@@ -281,6 +283,15 @@ bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item
       }
     }
   }
+  return members;
+}
+
+bool FakeNcclWorld::runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item) {
+  const std::optional<std::vector<Member>> together = runningWith(gpu, stream, item);
+  if (!together) {
+    return false;
+  }
+  const std::vector<Member>& members = *together;
   // They all run now: first the buffer checks, then the data, member by member (none if a
   // buffer is gone for good: there is nothing left to read or write).
   bool intact = true;

@@ -125,6 +125,9 @@ class FakeNcclWorld {
   // Runs the NCCL kernel first on `stream` of `gpu` with the kernels of its peers it needs,
   // if they are all first on their streams; true if it ran.
   bool runWithPeers(FakeGpu& gpu, StreamId stream, const Item& item);
+  // The kernels that must run together with `item` (runWithPeers), or nullopt while one of
+  // them is not yet first on its stream.
+  std::optional<std::vector<Member>> runningWith(FakeGpu& gpu, StreamId stream, const Item& item);
   // The kernel of member `rank` of `comm` first on one of its GPU's streams that holds the
   // operation `match` accepts, or none.
   template <typename Match>

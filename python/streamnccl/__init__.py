@@ -95,10 +95,6 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
-    # torchelastic's restarted workers meet in the same store as the attempt before them, whose
-    # keys are still there: Gloo would read the dead workers' addresses, and the NCCL path
-    # their unique ids. Each attempt keeps to keys of its own.
-    store = _C._store_of_this_attempt(store)
     global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", []) or [])
     if len(global_ranks) != size:
         global_ranks = list(range(size))
@@ -114,7 +110,12 @@ def _create_backend(dist_backend_opts, pg_options) -> ProcessGroup:
         # and all meet under the group's name. Its ranks are the default group's, so global.
         resolved._timeout = timeout
         resolved.group_name = dist_backend_opts.group_id
+        # (The split keeps to this attempt's keys itself, as split_group's does.)
         return parent._split(store, global_ranks, resolved, agreement=agreement)
+    # torchelastic's restarted workers meet in the same store as the attempt before them, whose
+    # keys are still there: Gloo would read the dead workers' addresses, and the NCCL path
+    # their unique ids. Each attempt keeps to keys of its own.
+    store = _C._store_of_this_attempt(store)
     # group_id is torch's name for the group ("0", "1", ...): NCCL's logs name it so.
     group = ProcessGroup(
         store, rank, size, timeout, pg_options,
