@@ -42,7 +42,11 @@ void GroupHealth::awaitBreak() const {
 }
 
 void GroupHealth::breakWith(const OpInfo& group, std::exception_ptr error, Cause kind) {
-  std::string cause = describeException(error);
+  std::string cause = "(its cause could not be described)";
+  try {
+    cause = describeException(error);
+  } catch (...) {  // out of memory: the group must still move to Broken (see the header)
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     moveTo(State::Broken);  // asserts the claim

@@ -405,18 +405,22 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
   const bool broke = health_->claimBreak();
   std::string news;
   if (broke) {
-    news = shareBreak(error, as);
-    error = withNews(error, news);
-    {
+    // Nothing between the claim and breakWith() may leave the group claimed but never broken:
+    // every other break would wait for it (awaitBreak()), and the group would never fail.
+    try {
+      news = shareBreak(error, as);
+      error = withNews(error, news);
       std::lock_guard<std::mutex> lock(mutex_);
       // For the calls that lost the claim. Where the break came from another rank, theirs are
       // echoes of it (a peer that closed its connections): their errors say where it began.
       breakNews_ = as.cause == GroupHealth::Cause::Remote ? "; " + describeException(error) : news;
+    } catch (...) {  // out of memory, or no thread to post from: the break goes on unshared
+      LOG(ERROR) << group.who() << " sharing the break failed: it breaks this rank's group only";
     }
     try {
       health_->breakWith(group, error, as.cause);  // returns once the evidence is written
-    } catch (const std::exception& e) {  // the evidence failed to write: the group still breaks
-      LOG(ERROR) << group.who() << " breaking the group: " << e.what();
+    } catch (...) {  // the evidence failed to write: the group is broken all the same
+      LOG(ERROR) << group.who() << " breaking the group: its evidence could not be written";
     }
   } else {
     health_->awaitBreak();

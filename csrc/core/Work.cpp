@@ -119,10 +119,13 @@ Work::EndState Work::pollEnd() {
     return endState_.load();
   } catch (...) {
     std::lock_guard<std::mutex> lock(mutex_);  // deviceError() takes it once it sees the state
-    if (endState_.compare_exchange_strong(seen, EndState::DeviceError)) {
+    // Even over a concurrent poll's Passed: the device can run nothing more, and the op's
+    // error says so.
+    if (endState_.load() != EndState::DeviceError) {
       deviceError_ = std::current_exception();
+      endState_.store(EndState::DeviceError, std::memory_order_release);
     }
-    return endState_.load();
+    return EndState::DeviceError;
   }
 }
 

@@ -129,11 +129,14 @@ class Work : public c10d::Work {
   // What a look at the op's `end` found. Never throws and never runs callbacks (the watchdog
   // calls it with its lock held): a device error querying the event (a CUDA error: the
   // device can run nothing more) counts as the end, and is kept for failWithDeviceError().
-  // It is also the op's end's lifecycle (endState_): Pending -> Passed | DeviceError, once.
+  // It is also the op's end's lifecycle (endState_): Pending -> Passed | DeviceError, and
+  // Passed -> DeviceError where a concurrent look met the device's error (which wins: the device
+  // can run nothing more).
   enum class EndState : uint8_t { Pending, Passed, DeviceError };
   static constexpr std::pair<EndState, EndState> kEndMoves[] = {
       {EndState::Pending, EndState::Passed},
       {EndState::Pending, EndState::DeviceError},
+      {EndState::Passed, EndState::DeviceError},
   };
   EndState pollEnd();
   // Whether the op's start event has passed (a timed op on a device whose tasks run before
@@ -214,6 +217,7 @@ class Work : public c10d::Work {
   static_assert(legalMove(kOutcomeMoves, Outcome::Succeeded, Outcome::FailedAfterSuccess));
   static_assert(legalMove(kEndMoves, EndState::Pending, EndState::Passed));
   static_assert(legalMove(kEndMoves, EndState::Pending, EndState::DeviceError));
+  static_assert(legalMove(kEndMoves, EndState::Passed, EndState::DeviceError));
   std::atomic<EndState> endState_{EndState::Pending};
   // Moved with mutex_ held, but by succeed(): read after every op, without the lock.
   std::atomic<Outcome> outcome_{Outcome::Pending};

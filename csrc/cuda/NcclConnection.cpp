@@ -298,6 +298,11 @@ void NcclConnection::settle(State state, std::exception_ptr failure) {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ != State::Connecting) {
+      // Settled already: what failed after that (the settling itself, out of memory) changes
+      // nothing of how connecting ended.
+      return;
+    }
     moveTo(state);
     failure_ = std::move(failure);
     callbacks.swap(whenSettled_);  // later ones run at once (whenSettled)
@@ -306,8 +311,9 @@ void NcclConnection::settle(State state, std::exception_ptr failure) {
   for (auto& callback : callbacks) {
     try {
       callback();
-    } catch (const std::exception& e) {  // one failing must not strand the others
-      LOG(ERROR) << who() << " work issued once connecting ended failed: " << e.what();
+    } catch (...) {  // one failing must not strand the others
+      LOG(ERROR) << who() << " work issued once connecting ended failed: "
+                 << describeException(std::current_exception());
     }
   }
   {
@@ -509,6 +515,7 @@ void NcclConnection::beginClose() {
       // work on it is destroyed, and the group cannot know when that is: waiting could be
       // forever (at exit, always). So it is left to the process's end.
       moveTo(End::LeftForGraphs);
+      lock.unlock();
       LOG(WARNING) << who()
                    << " left as it is, not finalized: work on it was captured into a CUDA graph, "
                       "and NCCL would wait for every such graph to be destroyed";

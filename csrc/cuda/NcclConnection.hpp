@@ -158,7 +158,9 @@ class NcclConnection {
   enum class State { Connecting, Connected, Failed };
   // Its end, its group's close or an abort (any thread's). Uses are taken only while Open (and
   // Connected). Aborting is reached from every state but the abort's own: only its group's break
-  // aborts a communicator ops have used (Watchdog.hpp), the connection itself one no op uses.
+  // aborts a communicator whose ops may still run (Watchdog.hpp); the connection itself aborts
+  // one no op uses (still connecting, abandoned) or whose ops have all ended (a finalize that
+  // failed or timed out at close, the destructor).
   enum class End : uint8_t {
     Open,              // neither closed nor aborted
     Closing,           // beginClose(): no new use; waiting for the uses in progress
