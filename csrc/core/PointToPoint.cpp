@@ -19,6 +19,21 @@
 namespace streamnccl {
 namespace {
 
+// The steps of one receive into `tensor` (`receive` calls the communicator with the bytes it
+// fills): into a dense copy where the tensor is not dense, and back after.
+template <typename Receive>
+Steps receiveInto(const at::Tensor& tensor, Receive receive) {
+  return Steps::over<at::Tensor>(
+      [tensor, receive](at::Tensor& scratch, Transport& comm, Kernels& kernels,
+                        c10::Stream stream) {
+        scratch = kernels.contiguous(tensor);
+        receive(comm, lowering::bytes(scratch), stream);
+      },
+      [tensor](at::Tensor& scratch, Kernels& kernels) {
+        lowering::copyBack(kernels, tensor, scratch);
+      });
+}
+
 // Row offsets of consecutive blocks of `splits` rows.
 std::vector<int64_t> offsetsOf(const std::vector<int64_t>& splits) {
   std::vector<int64_t> offsets(splits.size(), 0);
@@ -126,16 +141,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
                            : laneFor(tensor.device(), srcRank, Direction::Receive, op);
   Launch launch{op, c10d::OpType::RECV, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
   launch.peer = srcRank;
-  return submit(std::move(launch), path,
-                Steps::over<at::Tensor>(
-                    [tensor, srcRank](at::Tensor& scratch, Transport& comm, Kernels& kernels,
-                                      c10::Stream stream) {
-                      scratch = kernels.contiguous(tensor);
-                      comm.recv(lowering::bytes(scratch), srcRank, stream);
-                    },
-                    [tensor](at::Tensor& scratch, Kernels& kernels) {
-                      lowering::copyBack(kernels, tensor, scratch);
-                    }));
+  return submit(
+      std::move(launch), path,
+      receiveInto(tensor, [srcRank](Transport& comm, const at::Tensor& bytes, c10::Stream stream) {
+        comm.recv(bytes, srcRank, stream);
+      }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -149,16 +159,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recvAnysource(std::vector<at::Tenso
   Launch launch{
       op, c10d::OpType::RECVANYSOURCE, tensor, {}, tensors, /*async=*/true, c10d::kUnsetTimeout};
   launch.sourceRank = sender;
-  return submit(std::move(launch), path,
-                Steps::over<at::Tensor>(
-                    [tensor, sender](at::Tensor& scratch, Transport& comm, Kernels& kernels,
-                                     c10::Stream stream) {
-                      scratch = kernels.contiguous(tensor);
-                      *sender = comm.recvFromAnySource(lowering::bytes(scratch), stream);
-                    },
-                    [tensor](at::Tensor& scratch, Kernels& kernels) {
-                      lowering::copyBack(kernels, tensor, scratch);
-                    }));
+  return submit(
+      std::move(launch), path,
+      receiveInto(tensor, [sender](Transport& comm, const at::Tensor& bytes, c10::Stream stream) {
+        *sender = comm.recvFromAnySource(bytes, stream);
+      }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
