@@ -14,7 +14,8 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
   exit 0
 fi
 "$PYTHON" -c 'import torch; print("gpu-check:", torch.__version__, torch.cuda.get_device_name(0))'
-MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PYTHON" setup.py -q build_ext --inplace
+# With the test doubles: tests/gpu injects a fault through streamnccl._testing.
+STREAMNCCL_BUILD_TESTING=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PYTHON" setup.py -q build_ext --inplace
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" -m streamnccl
 exec "$PYTHON" -m pytest tests/gpu -v -rs -p no:cacheprovider "$@"

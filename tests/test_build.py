@@ -73,6 +73,7 @@ def test_the_extension_carries_no_debug_info_and_the_product_no_test_doubles():
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "streamnccl::fake::" not in symbols and "streamnccl::sim::" not in symbols
+    assert "streamnccl::testing::" not in symbols and "TestFault" not in symbols
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, streamnccl; print(sorted(sys.modules))"],
         capture_output=True, text=True, timeout=120, check=True,
@@ -177,15 +178,52 @@ def test_options_reject_a_malformed_environment_value(monkeypatch):
         streamnccl.Options().resolved()
 
 
-def test_options_reject_bad_fault_handling_settings(monkeypatch):
+def test_options_reject_bad_fault_handling_settings():
     with pytest.raises(ValueError, match="trace_buffer_size is -1"):
         streamnccl.Options(trace_buffer_size=-1).resolved()
-    monkeypatch.setenv("STREAMNCCL_TEST_FAULT", "rank=one,op=2")
+
+
+def test_a_malformed_test_fault_is_refused():
+    from streamnccl import _testing
+
     with pytest.raises(ValueError, match="STREAMNCCL_TEST_FAULT rank='one' is not a non-negative"):
-        streamnccl.Options().resolved()
-    monkeypatch.setenv("STREAMNCCL_TEST_FAULT", "rank=1,op=2,action=explode")
+        _testing.parse_test_fault("rank=one,op=2")
     with pytest.raises(ValueError, match="action is 'explode', expected fail or delay"):
-        streamnccl.Options().resolved()
+        _testing.parse_test_fault("rank=1,op=2,action=explode")
+    with pytest.raises(ValueError, match="needs rank=R and op=N"):
+        _testing.parse_test_fault("rank=1")
+    assert _testing.parse_test_fault("rank=1,op=2,action=delay,ms=5") == {
+        "rank": 1, "op": 2, "fail": False, "delay_ms": 5,
+    }  # fmt: skip
+
+
+FIRST_OP = """
+import sys, torch, torch.distributed as dist, streamnccl
+if sys.argv[1] == "with-testing":
+    import streamnccl._testing
+dist.init_process_group("streamnccl", store=dist.HashStore(), rank=0, world_size=1)
+try:
+    dist.all_reduce(torch.ones(2))
+    print("ran")
+except dist.DistBackendError as e:
+    print("failed:", e)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("testing", ["without", "with-testing"])
+def test_fault_injection_is_the_test_doubles_alone(testing):
+    """STREAMNCCL_TEST_FAULT does nothing in the product: only streamnccl._testing, imported,
+    adds its hook to the groups made after."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_OP, testing],
+        env=dict(os.environ, STREAMNCCL_TEST_FAULT="rank=0,op=1,action=fail"),
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    if testing == "without":
+        assert done.stdout.strip() == "ran", done.stdout + done.stderr
+    else:
+        assert "injected fault (STREAMNCCL_TEST_FAULT)" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

@@ -60,44 +60,6 @@ std::optional<int> intFromEnv(const char* name) {
   return value;
 }
 
-Options::TestFault parseTestFault(const std::string& spec) {
-  Options::TestFault fault;
-  std::string action = "fail";
-  std::istringstream fields(spec);
-  std::string field;
-  while (std::getline(fields, field, ',')) {
-    const auto equals = field.find('=');
-    TORCH_CHECK_VALUE(equals != std::string::npos, "streamnccl: STREAMNCCL_TEST_FAULT field '",
-                      field, "' is not key=value");
-    const std::string key = field.substr(0, equals);
-    const std::string value = field.substr(equals + 1);
-    const auto number = [&] {
-      const auto parsed = intFromText(value);
-      TORCH_CHECK_VALUE(parsed, "streamnccl: STREAMNCCL_TEST_FAULT ", key, "='", value,
-                        "' is not a non-negative integer");
-      return *parsed;
-    };
-    if (key == "rank") {
-      fault.rank = number();
-    } else if (key == "op") {
-      fault.op = static_cast<uint64_t>(number());
-    } else if (key == "action") {
-      action = value;
-    } else if (key == "ms") {
-      fault.delay = std::chrono::milliseconds(number());
-    } else {
-      TORCH_CHECK_VALUE(false, "streamnccl: STREAMNCCL_TEST_FAULT has an unknown key '", key,
-                        "' (expected rank, op, action, ms)");
-    }
-  }
-  TORCH_CHECK_VALUE(action == "fail" || action == "delay", "streamnccl: STREAMNCCL_TEST_FAULT ",
-                    "action is '", action, "', expected fail or delay");
-  TORCH_CHECK_VALUE(fault.rank >= 0 && fault.op > 0, "streamnccl: STREAMNCCL_TEST_FAULT='", spec,
-                    "' needs rank=R and op=N (from 1)");
-  fault.fail = action == "fail";
-  return fault;
-}
-
 // An NCCL_* variable as NCCL reads it (strtoll, any base), or nullopt where it is unset or
 // spells no number (NCCL then keeps its default).
 std::optional<long long> ncclIntFromEnv(const char* name) {
@@ -200,11 +162,6 @@ c10::intrusive_ptr<Options> Options::fromEnv(const Options& explicitSettings) {
     resolved->singleHardwareQueue = stringFromEnv("CUDA_DEVICE_MAX_CONNECTIONS") == "1";
   }
   checkNcclConfig(resolved->ncclConfig);
-  if (!resolved->testFault) {
-    if (const auto spec = stringFromEnv("STREAMNCCL_TEST_FAULT")) {
-      resolved->testFault = parseTestFault(*spec);
-    }
-  }
   return resolved;
 }
 

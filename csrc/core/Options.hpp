@@ -80,20 +80,10 @@ class Options : public c10d::Backend::Options {
   };
   NcclConfig ncclConfig;
 
-  // Test-only, STREAMNCCL_TEST_FAULT="rank=R,op=N,action=fail" or "...,action=delay,ms=M":
-  // op number N (counted from 1) of every group on rank R fails with a DistBackendError, or
-  // starts M ms late, so that fault handling is tested deterministically.
-  struct TestFault {
-    int rank = -1;
-    uint64_t op = 0;
-    bool fail = true;
-    std::chrono::milliseconds delay{0};
-  };
-  std::optional<TestFault> testFault;
-
   // A copy of `explicitSettings` with every unset setting resolved. Every STREAMNCCL_*
-  // variable is read here; the one other variable streamnccl reads is torchelastic's
-  // TORCHELASTIC_RESTART_COUNT (keys::storeOfThisAttempt, StoreKeys.hpp).
+  // variable of the product is read here (the test doubles' STREAMNCCL_TEST_FAULT is theirs);
+  // the one other variable streamnccl reads is torchelastic's TORCHELASTIC_RESTART_COUNT
+  // (keys::storeOfThisAttempt, StoreKeys.hpp).
   static c10::intrusive_ptr<Options> fromEnv(const Options& explicitSettings);
 
   bool useHighPriorityStreams() const { return highPriorityStreams.value_or(false); }

@@ -72,8 +72,10 @@ LaunchHooks ProcessGroup::launchHooks() {
   if (options_->useDebugChecks()) {
     made.push_back(hooks::sameOpCheck(view, store_, watchdog_));
   }
-  if (options_->testFault && options_->testFault->rank == getRank()) {
-    made.push_back(hooks::testFault(*options_->testFault));
+  for (const auto& maker : hooks::hookMakers()) {  // those added from outside (_testing's)
+    if (auto hook = maker(view)) {
+      made.push_back(std::move(hook));
+    }
   }
   made.push_back(hooks::statsCount(stats_));
   if (options_->useInflightWriteChecks()) {

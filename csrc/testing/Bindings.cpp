@@ -7,6 +7,7 @@
 #include "core/Options.hpp"
 #include "core/ProcessGroup.hpp"
 #include "sim/SimController.hpp"
+#include "testing/TestFault.hpp"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -342,6 +343,17 @@ void bindStores(py::module_& m) {
       .def("release", &StoreThatHangsOnPosts::release);
 }
 
+// STREAMNCCL_TEST_FAULT for every group made from now on (TestFault.hpp), and its parser, for
+// the tests of its refusals.
+void bindFaults(py::module_& m) {
+  hooks::addHookMaker(testing::testFaultFromEnv);
+  m.def("parse_test_fault", [](const std::string& spec) {
+    const testing::TestFault fault = testing::parseTestFault(spec);
+    return py::dict(py::arg("rank") = fault.rank, py::arg("op") = fault.op,
+                    py::arg("fail") = fault.fail, py::arg("delay_ms") = fault.delay.count());
+  });
+}
+
 }  // namespace
 }  // namespace streamnccl
 
@@ -352,6 +364,7 @@ PYBIND11_MODULE(_testing, m) {
   m.doc() = "streamnccl's test doubles: the simulated device and the fake GPU (tests only)";
   bindSimulation(m);
   bindStores(m);
+  bindFaults(m);
 #ifdef STREAMNCCL_WITH_NCCL
   bindRecording(m);
 #endif

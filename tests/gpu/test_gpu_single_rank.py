@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 import streamnccl
+import streamnccl._testing  # noqa: F401 (STREAMNCCL_TEST_FAULT is its hook)
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile

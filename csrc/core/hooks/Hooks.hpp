@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,8 +37,13 @@ std::unique_ptr<LaunchHook> recorderEntries(GroupView view, int64_t uid);
 // the Store before it is issued; a mismatch breaks the group (SameOpCheck.cpp).
 std::unique_ptr<LaunchHook> sameOpCheck(GroupView view, c10::intrusive_ptr<c10d::Store> store,
                                         std::shared_ptr<Watchdog> watchdog);
-// STREAMNCCL_TEST_FAULT: one op of this rank fails or starts late (TestFault.cpp).
-std::unique_ptr<LaunchHook> testFault(Options::TestFault fault);
+// Hooks from outside the product: a maker added here is asked by every group made after, and
+// may make none. The seam through which streamnccl._testing adds its fault injection
+// (csrc/testing/TestFault.cpp), so that no test double ships in streamnccl._C.
+using HookMaker = std::function<std::unique_ptr<LaunchHook>(GroupView view)>;
+void addHookMaker(HookMaker maker);
+// The makers added so far, in the order they were added (HookMakers.cpp).
+std::vector<HookMaker> hookMakers();
 // The check of writes to an async op's tensors before wait() (InflightWritesWatch.cpp).
 std::unique_ptr<LaunchHook> inflightWritesWatch(std::shared_ptr<InflightWrites> writes);
 // streamnccl.stats(): ops and bytes launched (StatsCount.cpp).
