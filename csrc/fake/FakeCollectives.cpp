@@ -114,78 +114,57 @@ std::vector<at::Tensor> blocksFor(int r, const std::vector<at::Tensor>& wholes, 
 void run(const std::vector<const NcclOp*>& ops, std::optional<int> only) {
   const NcclOp& first = *ops.front();
   const int n = static_cast<int>(ops.size());
-  auto writes = [&](int r) { return !only || *only == r; };
-  auto input = [&](int r, size_t count) {
-    return viewOf(ops[r]->send, count, first.type).to(wideTypeOf(first.type)).clone();
+  // Member r's input, of `count` elements: widened (for a reduction), or as it is.
+  auto input = [&](int r, size_t count, bool wide) {
+    const at::Tensor view = viewOf(ops[r]->send, count, first.type);
+    return (wide ? view.to(wideTypeOf(first.type)) : view).clone();
   };
-  auto everyInput = [&](size_t count) {
+  auto everyInput = [&](size_t count, bool wide) {
     std::vector<at::Tensor> parts;
     for (const auto r : c10::irange(n)) {
-      parts.push_back(input(r, count));
+      parts.push_back(input(r, count, wide));
     }
     return parts;
   };
+  // Writes `count` elements of resultFor(r) to every member r this run writes (`only`, or all).
+  auto writeEach = [&](size_t count, const auto& resultFor) {
+    for (const auto r : c10::irange(n)) {
+      if (!only || *only == r) {
+        write(*ops[r], count, resultFor(r));
+      }
+    }
+  };
   switch (first.kind) {
     case NcclOp::Kind::AllReduce: {
-      const at::Tensor result = reduce(everyInput(first.count), ops);
-      for (const auto r : c10::irange(n)) {
-        if (writes(r)) {
-          write(*ops[r], first.count, result);
-        }
-      }
+      const at::Tensor result = reduce(everyInput(first.count, true), ops);
+      writeEach(first.count, [&](int) { return result; });
       break;
     }
-    case NcclOp::Kind::Reduce: {
-      if (writes(first.root)) {
-        write(*ops[first.root], first.count, reduce(everyInput(first.count), ops));
+    case NcclOp::Kind::Reduce:
+      if (!only || *only == first.root) {
+        write(*ops[first.root], first.count, reduce(everyInput(first.count, true), ops));
       }
       break;
-    }
     case NcclOp::Kind::Broadcast: {
-      const at::Tensor source = viewOf(ops[first.root]->send, first.count, first.type).clone();
-      for (const auto r : c10::irange(n)) {
-        if (writes(r)) {
-          write(*ops[r], first.count, source);
-        }
-      }
+      const at::Tensor source = input(first.root, first.count, false);
+      writeEach(first.count, [&](int) { return source; });
       break;
     }
     case NcclOp::Kind::AllGather: {
-      std::vector<at::Tensor> parts;
-      for (const auto r : c10::irange(n)) {
-        parts.push_back(viewOf(ops[r]->send, first.count, first.type).clone());
-      }
-      const at::Tensor whole = at::cat(parts);
-      for (const auto r : c10::irange(n)) {
-        if (writes(r)) {
-          write(*ops[r], n * first.count, whole);
-        }
-      }
+      const at::Tensor whole = at::cat(everyInput(first.count, false));
+      writeEach(n * first.count, [&](int) { return whole; });
       break;
     }
     case NcclOp::Kind::ReduceScatter: {
-      const std::vector<at::Tensor> wholes = everyInput(n * first.count);
-      for (const auto r : c10::irange(n)) {
-        if (!writes(r)) {
-          continue;
-        }
-        write(*ops[r], first.count, reduce(blocksFor(r, wholes, first.count), ops));
-      }
+      const std::vector<at::Tensor> wholes = everyInput(n * first.count, true);
+      writeEach(first.count, [&](int r) { return reduce(blocksFor(r, wholes, first.count), ops); });
       break;
     }
     case NcclOp::Kind::AllToAll: {
       // Rank r's block q comes from rank q's block r. Every input is read before any output
       // is written, as if the ranks' buffers were apart (an overlap is refused at the call).
-      std::vector<at::Tensor> wholes;
-      for (const auto q : c10::irange(n)) {
-        wholes.push_back(viewOf(ops[q]->send, n * first.count, first.type).clone());
-      }
-      for (const auto r : c10::irange(n)) {
-        if (!writes(r)) {
-          continue;
-        }
-        write(*ops[r], n * first.count, at::cat(blocksFor(r, wholes, first.count)));
-      }
+      const std::vector<at::Tensor> wholes = everyInput(n * first.count, false);
+      writeEach(n * first.count, [&](int r) { return at::cat(blocksFor(r, wholes, first.count)); });
       break;
     }
     case NcclOp::Kind::Send:
