@@ -4,7 +4,10 @@ the extension is rebuilt, and the no-GPU tests run against it. A mutant must be 
 behaviour test (a value, a violation the fake GPU reports, an error), not only by a test that
 pins an exact call log; the report says which caught it.
 
-    python scripts/mutation_audit.py [--only NAME ...] [--json FILE]
+    python scripts/mutation_audit.py [--only NAME ...] [--changed-since REV] [--list] [--json FILE]
+
+After a refactor, `--changed-since REV` chooses the mutants of the files changed since REV (the
+ones whose catch the refactor may have moved); `--list` prints the chosen names and runs none.
 
 It edits csrc/ in place and rebuilds in place (restoring every file afterwards), so run it in a
 checkout of its own: `git worktree add ../audit && cd ../audit`, with PYTHONPATH=python so that
@@ -383,8 +386,23 @@ def main():
     parser.add_argument("--only", nargs="*", help="names of the mutants to run")
     parser.add_argument("--json", help="where to write the results")
     parser.add_argument("--check", action="store_true", help="only check every mutant applies")
+    parser.add_argument(
+        "--changed-since", metavar="REV", help="only mutants of files changed since REV"
+    )
+    parser.add_argument("--list", action="store_true", help="print the chosen mutants' names only")
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.changed_since:
+        changed = set(
+            subprocess.run(
+                ["git", "diff", "--name-only", args.changed_since, "--", "csrc"],
+                cwd=ROOT, capture_output=True, text=True, check=True,
+            ).stdout.split()
+        )  # fmt: skip
+        chosen = [m for m in chosen if ({m.file} | {f for f, _, _ in m.more}) & changed]
+    if args.list:
+        print(" ".join(m.name for m in chosen))
+        return 0
     if args.check:
         for mutant in chosen:
             mutate(mutant)
