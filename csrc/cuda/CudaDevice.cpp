@@ -191,6 +191,15 @@ class CurrentStreamGuard {
   const c10::Stream previous_;
 };
 
+// Runs an op's task as every task runs, issued now or held back until a lane connects: with
+// the group's device and the op's stream current.
+template <typename Task>
+void runOnStream(CudaApi& cuda, c10::Device device, c10::Stream stream, Task& task) {
+  auto onDevice = cuda.useDevice(device);
+  CurrentStreamGuard guard(cuda, stream);
+  task();
+}
+
 }  // namespace
 
 void StreamGate::pass(std::function<void()> issue) {
@@ -328,9 +337,7 @@ std::unique_ptr<Event> CudaDevice::createTimedEvent() {
 
 void CudaDevice::enqueue(c10::Stream stream, Task task) {
   if (!heldBack(stream)) {
-    auto onDevice = cuda_->useDevice(device_);
-    CurrentStreamGuard guard(*cuda_, stream);
-    task();
+    runOnStream(*cuda_, device_, stream, task);
     return;
   }
   // It runs later, on the connecting thread: with the caller's grad mode, inference mode,
@@ -338,9 +345,7 @@ void CudaDevice::enqueue(c10::Stream stream, Task task) {
   gate_->pass([cuda = cuda_, device = device_, stream, state = at::ThreadLocalState(),
                task = std::move(task).take()] {
     at::ThreadLocalStateGuard callersState(state);
-    auto onDevice = cuda->useDevice(device);
-    CurrentStreamGuard guard(*cuda, stream);
-    task();
+    runOnStream(*cuda, device, stream, task);
   });
 }
 
