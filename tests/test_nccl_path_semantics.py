@@ -551,6 +551,32 @@ ABORT_DURING_INIT = """
 """
 
 
+def test_a_lanes_first_ops_wait_for_it_then_run_as_ops_issued_at_once():
+    # A lane connects in the background; what is issued to it before then waits in its gate and
+    # is issued later, on the connecting thread. It must be issued as it would have been at the
+    # call: in program order, with the group's device and the op's stream current (the sends'
+    # contiguous copies run on the current stream). Rank 1 joins only once rank 0's sends wait
+    # in the gate, so the lane cannot have connected first. (Audit mutants
+    # gate-issues-out-of-order, op-stream-not-current, task-without-device.)
+    world = fakes.fake_world()
+    store = dist.HashStore()
+    sender, sender_gpu = fake_group(rank=0, size=2, world=world, store=store, device_index=1)
+    sender_gpu.set_device(0)  # the caller's thread has another device current
+    sends = [sender.send([torch.full((6, 2), float(n)).t()], 1, 0) for n in (1, 2, 3)]
+    assert not [call for call in sender_gpu.calls() if call.startswith("ncclSend(")]
+    receiver, receiver_gpu = fake_group(rank=1, size=2, world=world, store=store)
+    inboxes = [torch.zeros(12) for _ in sends]
+    for inbox in inboxes:
+        receiver.recv([inbox], 0, 0).wait(timedelta(seconds=20))
+    for work in sends:
+        work.wait(timedelta(seconds=20))
+    assert receiver_gpu.synchronize(timedelta(seconds=10))
+    assert [inbox.unique().tolist() for inbox in inboxes] == [[1.0], [2.0], [3.0]]
+    assert settle(sender_gpu) == []
+    assert sender_gpu.contexts() == {0, 1}  # 0 by the caller's own choice above
+    fakes.shut_down([(sender, sender_gpu), (receiver, receiver_gpu)])
+
+
 LANE_TORN_DOWN_WHILE_CONNECTING = """
     import gc, time, torch
     from datetime import timedelta
