@@ -400,6 +400,27 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
         assert f"{backend} subgroups: make_ms" in done.stdout
 
 
+@pytest.mark.slow
+def test_latency_mode_reports_async_and_ping_pong_for_both_backends(tmp_path):
+    report_file = tmp_path / "latency.json"
+    done = run_bench("--ops", "50", "--rounds", "2", "--json", str(report_file), nproc=2,
+                     timeout_s=180, cwd=tmp_path, module="streamnccl.bench.latency")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(report_file.read_text())
+    assert document["world_size"] == 2
+    results = document["results"]
+    for backend in ("streamnccl", "gloo"):
+        assert results["async"][backend]["us_per_op"] > 0
+        pingpong = results["pingpong"][backend]
+        assert pingpong["us_per_round_trip"] > 0
+        # Every round trip blocks the calling thread at least once, whatever the backend.
+        assert pingpong["thread_switches"] >= 1 and pingpong["process_switches"] >= 1
+    for name in ("async", "pingpong"):
+        ratio = results[name]["ratio"]
+        assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+    assert "pingpong streamnccl: us_per_round_trip" in done.stdout
+
+
 @pytest.mark.torch_internals
 @pytest.mark.skipif(
     not hasattr(_testing, "recording_process_group"),

@@ -1,0 +1,134 @@
+"""`python -m streamnccl.bench.latency [--ops N] [--bytes B] [--rounds R]`: the cost of one op's
+hand-offs between threads, streamnccl against gloo in one run.
+
+Two measures, each taken in `--rounds` rounds in which the two backends run back to back (the
+machine's drift falls on both); a round's ratio is streamnccl's time over gloo's, and the
+report gives each backend's median time, the median ratio and the ratios' range:
+
+- `async`: an async all_reduce of `--bytes` issued and waited, one at a time, `--ops` times
+  (every rank; alone it is one rank): where the op's thread hand-offs show;
+- `pingpong` (ranks 0 and 1 of two or more): `--ops` round trips of a `--bytes` `dist.send`
+  and `dist.recv`, with the context switches per round trip of rank 0's calling thread and of
+  its whole process (every thread's, voluntary and not, from /proc).
+
+Rank 0 prints one line per measure and backend, then the ratio; with --json writes them.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import streamnccl  # noqa: F401  (registers the backend "streamnccl")
+
+BACKENDS = ("streamnccl", "gloo")
+
+
+def switches(status_file: str) -> int:
+    with open(status_file) as status:
+        return sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
+
+
+def process_switches() -> int:
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            total += switches(f"/proc/self/task/{task}/status")
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return total
+
+
+def async_ops(group, tensor, ops: int) -> dict:
+    start = time.perf_counter()
+    for _ in range(ops):
+        dist.all_reduce(tensor, group=group, async_op=True).wait()
+    return {"us_per_op": (time.perf_counter() - start) / ops * 1e6}
+
+
+def ping_pong(group, tensor, ops: int) -> dict:
+    rank = dist.get_rank(group)
+    if rank > 1:
+        return {}
+    peer = dist.get_global_rank(group, 1 - rank)
+    thread_before, process_before = switches("/proc/thread-self/status"), process_switches()
+    start = time.perf_counter()
+    for _ in range(ops):
+        if rank == 0:
+            dist.send(tensor, peer, group=group)
+            dist.recv(tensor, peer, group=group)
+        else:
+            dist.recv(tensor, peer, group=group)
+            dist.send(tensor, peer, group=group)
+    seconds = time.perf_counter() - start
+    return {"us_per_round_trip": seconds / ops * 1e6,
+            "thread_switches": (switches("/proc/thread-self/status") - thread_before) / ops,
+            "process_switches": (process_switches() - process_before) / ops}  # fmt: skip
+
+
+def measure(name, groups, tensor, ops, rounds, control) -> dict:
+    run = {"async": async_ops, "pingpong": ping_pong}[name]
+    for group in groups.values():  # warm-up: connections, lanes, the recorder's first entries
+        run(group, tensor, min(ops, 200))
+    samples = {backend: [] for backend in groups}
+    for _ in range(rounds):
+        for backend, group in groups.items():
+            dist.barrier(group=control)
+            samples[backend].append(run(group, tensor, ops))
+    if not samples["gloo"][0]:
+        return {}
+    time_key = next(iter(samples["gloo"][0]))
+    result = {
+        backend: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+        for backend, runs in samples.items()
+    }
+    pairs = zip(samples["streamnccl"], samples["gloo"], strict=True)
+    ratios = [new[time_key] / old[time_key] for new, old in pairs]
+    result["ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m streamnccl.bench.latency",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--bytes", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    control = dist.group.WORLD
+    groups = {backend: dist.new_group(backend=backend) for backend in BACKENDS}
+    tensor = torch.ones(max(args.bytes // 4, 1))
+    names = ["async"] + (["pingpong"] if dist.get_world_size() > 1 else [])
+    results = {
+        name: measure(name, groups, tensor, args.ops, args.rounds, control) for name in names
+    }
+    if dist.get_rank() == 0:
+        print(f"# streamnccl.bench.latency: {dist.get_world_size()} rank(s), --ops {args.ops}"
+              f" --bytes {args.bytes} --rounds {args.rounds}; medians of the rounds")  # fmt: skip
+        for name, result in results.items():
+            for backend, values in result.items():
+                shown = ", ".join(f"{key} {value:.2f}" for key, value in values.items())
+                print(f"{name} {backend}: {shown}")
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"world_size": dist.get_world_size(), "args": vars(args),
+                           "results": results}, out, indent=1)  # fmt: skip
+        sys.stdout.flush()
+    for group in groups.values():
+        dist.destroy_process_group(group)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
