@@ -8,8 +8,8 @@ report gives each backend's median time, the median ratio and the ratios' range:
 - `async`: an async all_reduce of `--bytes` issued and waited, one at a time, `--ops` times
   (every rank; alone it is one rank): where the op's thread hand-offs show;
 - `pingpong` (ranks 0 and 1 of two or more): `--ops` round trips of a `--bytes` `dist.send`
-  and `dist.recv`, with the context switches per round trip of rank 0's calling thread and of
-  its whole process (every thread's, voluntary and not, from /proc).
+  and `dist.recv`, with the context switches per round trip (voluntary and not, from /proc)
+  of rank 0's calling thread, of its whole process, and of its threads by name.
 
 Rank 0 prints one line per measure and backend, then the ratio; with --json writes them.
 """
@@ -34,14 +34,18 @@ def switches(status_file: str) -> int:
         return sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
 
 
-def process_switches() -> int:
-    total = 0
+def switches_by_thread_name() -> dict:
+    """Context switches so far of each of the process's threads, summed by thread name (the
+    name each library gives its threads: streamnccl-host, a lane's worker, Gloo's, ...)."""
+    counts = {}
     for task in os.listdir("/proc/self/task"):
         try:
-            total += switches(f"/proc/self/task/{task}/status")
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                name = comm.read().strip()
+            counts[name] = counts.get(name, 0) + switches(f"/proc/self/task/{task}/status")
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
-    return total
+    return counts
 
 
 def async_ops(group, tensor, ops: int) -> dict:
@@ -56,7 +60,7 @@ def ping_pong(group, tensor, ops: int) -> dict:
     if rank > 1:
         return {}
     peer = dist.get_global_rank(group, 1 - rank)
-    thread_before, process_before = switches("/proc/thread-self/status"), process_switches()
+    thread_before, process_before = switches("/proc/thread-self/status"), switches_by_thread_name()
     start = time.perf_counter()
     for _ in range(ops):
         if rank == 0:
@@ -66,9 +70,15 @@ def ping_pong(group, tensor, ops: int) -> dict:
             dist.recv(tensor, peer, group=group)
             dist.send(tensor, peer, group=group)
     seconds = time.perf_counter() - start
-    return {"us_per_round_trip": seconds / ops * 1e6,
-            "thread_switches": (switches("/proc/thread-self/status") - thread_before) / ops,
-            "process_switches": (process_switches() - process_before) / ops}  # fmt: skip
+    thread_after, process_after = switches("/proc/thread-self/status"), switches_by_thread_name()
+    by_name = {name: (count - process_before.get(name, 0)) / ops
+               for name, count in process_after.items()}  # fmt: skip
+    result = {"us_per_round_trip": seconds / ops * 1e6,
+              "thread_switches": (thread_after - thread_before) / ops,
+              "process_switches": sum(by_name.values())}  # fmt: skip
+    # Per thread name, where a thread switched at least once in ten round trips.
+    result.update({f"switches[{name}]": n for name, n in sorted(by_name.items()) if n >= 0.1})
+    return result
 
 
 def measure(name, groups, tensor, ops, rounds, control) -> dict:
@@ -84,7 +94,7 @@ def measure(name, groups, tensor, ops, rounds, control) -> dict:
         return {}
     time_key = next(iter(samples["gloo"][0]))
     result = {
-        backend: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+        backend: {key: statistics.median(s.get(key, 0.0) for s in runs) for key in runs[0]}
         for backend, runs in samples.items()
     }
     pairs = zip(samples["streamnccl"], samples["gloo"], strict=True)
