@@ -4,7 +4,6 @@ Without torchrun it runs as a single rank. Exits 1 when --check finds a wrong el
 on arguments that cannot work together.
 """
 
-import os
 import sys
 
 import torch.distributed as dist
@@ -12,21 +11,12 @@ import torch.distributed as dist
 import streamnccl  # noqa: F401  (registers the backend "streamnccl")
 
 from . import report, sweep
-from .cli import UsageError, parse_args, settle
-
-
-def _init_control_group():
-    """The default group: gloo, for lining ranks up and gathering numbers (see sweep)."""
-    if "RANK" in os.environ:  # torchrun's environment
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return dist.group.WORLD
+from .cli import UsageError, init_default_group, parse_args, settle
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    control = _init_control_group()
+    control = init_default_group()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:
         device = sweep.choose_device(args.device, control)

@@ -2,6 +2,7 @@
 
 import argparse
 import importlib.util
+import os
 import re
 
 import torch
@@ -169,3 +170,13 @@ def settle(args: argparse.Namespace, device: str) -> argparse.Namespace:
     if args.baseline == "nccl" and device != "cuda":
         raise UsageError("--baseline nccl needs --device cuda (NCCL runs on GPUs only)")
     return args
+
+
+def init_default_group():
+    """The default group: gloo, over torchrun's ranks (its environment), or alone one rank.
+    The benches line ranks up and gather numbers on it, so neither measured backend does."""
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD

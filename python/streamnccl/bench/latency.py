@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 import streamnccl  # noqa: F401  (registers the backend "streamnccl")
 
+from .cli import init_default_group
+
 BACKENDS = ("streamnccl", "gloo")
 
 
@@ -111,11 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-    if "RANK" in os.environ:
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    control = dist.group.WORLD
+    control = init_default_group()
     groups = {backend: dist.new_group(backend=backend) for backend in BACKENDS}
     tensor = torch.ones(max(args.bytes // 4, 1))
     names = ["async"] + (["pingpong"] if dist.get_world_size() > 1 else [])

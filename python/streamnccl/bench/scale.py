@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 import streamnccl  # noqa: F401  (registers the backend "streamnccl")
 
+from .cli import init_default_group
+
 BACKENDS = ("streamnccl", "gloo")
 
 
@@ -98,10 +100,7 @@ def main(argv=None) -> int:
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-    if "RANK" in os.environ:
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    init_default_group()
     rank = dist.get_rank()
     results = {}
     for backend in BACKENDS:
