@@ -128,25 +128,54 @@ def two_host_groups(timeout, gloo_timeout=None):
     return groups
 
 
-def group_threads():
-    """The names of this process's threads that streamnccl's groups run."""
+def group_threads(with_ids=False):
+    """The names of this process's threads that streamnccl's groups run (with their ids)."""
     import os
 
-    names = []
+    found = []
     for task in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
-                names.append(comm.read().strip())
+                found.append((comm.read().strip(), task))
         except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
             continue
-    return [name for name in names if name.startswith("streamnccl")]
+    found = [(name, task) for name, task in found if name.startswith("streamnccl")]
+    return found if with_ids else [name for name, _ in found]
 
 
 def until_group_threads_end():
+    """The group threads still alive 30 s on: none, or each said with where it stands (its
+    state, the kernel function it sleeps in and, where gdb is at hand, its stack), so that a
+    thread that outlives its group is seen in the failing test's output."""
     deadline = time.monotonic() + 30
     while group_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return group_threads()
+    left = group_threads(with_ids=True)
+    for name, task in left:
+        print(f"left: {name} ({task}):", where_a_thread_stands(task))
+    return [name for name, _ in left]
+
+
+def where_a_thread_stands(task):
+    import os
+    import shutil
+    import subprocess
+
+    said = []
+    for part in ("stat", "wchan", "syscall"):
+        try:
+            with open(f"/proc/self/task/{task}/{part}") as facts:
+                said.append(f"{part}: {facts.read().strip()}")
+        except OSError as error:
+            said.append(f"{part}: {error}")
+    if shutil.which("gdb"):
+        stack = subprocess.run(
+            ["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt 30"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        frames = [line for line in stack.stdout.splitlines() if line.startswith(("Thread ", "#"))]
+        said.append("\n".join(frames)[-20000:])
+    return "\n".join(said)
 
 
 def letting_go(holder):
