@@ -421,6 +421,26 @@ def test_latency_mode_reports_async_and_ping_pong_for_both_backends(tmp_path):
     assert "pingpong streamnccl: us_per_round_trip" in done.stdout
 
 
+@pytest.mark.slow
+def test_ddp_mode_trains_the_same_model_on_both_backends_and_times_its_steps(tmp_path):
+    report_file = tmp_path / "ddp.json"
+    done = run_bench("--steps", "5", "--rounds", "2", "--width", "16", "--json", str(report_file),
+                     nproc=2, timeout_s=180, cwd=tmp_path,
+                     module="streamnccl.bench.ddp")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(report_file.read_text())
+    assert document["world_size"] == 2
+    results = document["results"]
+    for backend in ("streamnccl", "gloo"):
+        assert results[backend]["ms_per_step"] > 0
+    ratio = results["ratio"]
+    assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+    # The same weights, batches and steps on each: DDP's averaged gradients, and so the
+    # parameters, are the same bit for bit whichever backend all-reduced them.
+    assert results["max_param_difference"] == 0.0
+    assert "ddp streamnccl: ms_per_step" in done.stdout
+
+
 @pytest.mark.torch_internals
 @pytest.mark.skipif(
     not hasattr(_testing, "recording_process_group"),

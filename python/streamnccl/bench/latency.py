@@ -87,11 +87,18 @@ def measure(name, groups, tensor, ops, rounds, control) -> dict:
     run = {"async": async_ops, "pingpong": ping_pong}[name]
     for group in groups.values():  # warm-up: connections, lanes, the recorder's first entries
         run(group, tensor, min(ops, 200))
-    samples = {backend: [] for backend in groups}
+    return paired(lambda backend: run(groups[backend], tensor, ops), groups, rounds, control)
+
+
+def paired(run, backends, rounds, control) -> dict:
+    """`run(backend)` for each backend in turn, `rounds` times, the ranks lined up on `control`
+    before each; returns each backend's medians (of every key run's results hold; the first is
+    the time) and the ratio of streamnccl's time to gloo's: its median and range."""
+    samples = {backend: [] for backend in backends}
     for _ in range(rounds):
-        for backend, group in groups.items():
+        for backend in backends:
             dist.barrier(group=control)
-            samples[backend].append(run(group, tensor, ops))
+            samples[backend].append(run(backend))
     if not samples["gloo"][0]:
         return {}
     time_key = next(iter(samples["gloo"][0]))
