@@ -222,3 +222,57 @@ def _pending_any_source_recv_beside_a_collective(ctx):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_pending_any_source_recv_does_not_hold_up_collectives(rank_pools, world_size):
     rank_pools(world_size).run(_pending_any_source_recv_beside_a_collective)
+
+
+def _async_collective_then_a_message_its_peer_needs_first(ctx):
+    # Rank 0 issues an async all_reduce, then sends rank 1 a message; rank 1 receives it before
+    # it joins the all_reduce. Issuing an async op must not hold its caller until the op is
+    # done: rank 0 would never send, and both ranks would wait for ever (the pool's timeout).
+    n, me = ctx.world_size, ctx.rank
+    x = torch.full((4,), float(me))
+    if me == 0:
+        reduced = dist.all_reduce(x, async_op=True)
+        dist.send(torch.arange(3.0), dst=1)
+        reduced.wait()
+    else:
+        if me == 1:
+            inbox = torch.empty(3)
+            dist.recv(inbox, src=0)
+            assert torch.equal(inbox, torch.arange(3.0))
+        dist.all_reduce(x)
+    assert torch.equal(x, torch.full((4,), float(sum(range(n)))))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_async_collective_does_not_hold_its_caller_for_a_peer_that_comes_later(
+    rank_pools, world_size
+):
+    rank_pools(world_size).run(_async_collective_then_a_message_its_peer_needs_first)
+
+
+def _messages_never_waited_for(ctx):
+    # Neither side ever calls wait(): each op still completes, is_completed() says so, and the
+    # message arrives. Whoever observes a send's or a recv's end, it must not be a wait() that
+    # may never come.
+    import time
+
+    me = ctx.rank
+    if me == 0:
+        work = dist.isend(torch.full((5,), 7.0), dst=1)
+    elif me == 1:
+        inbox = torch.empty(5)
+        work = dist.irecv(inbox, src=0)
+    if me < 2:
+        deadline = time.monotonic() + 30
+        while not work.is_completed():
+            assert time.monotonic() < deadline, "never completed without a wait()"
+            time.sleep(0.001)
+        assert work.is_success()
+    if me == 1:
+        assert torch.equal(inbox, torch.full((5,), 7.0))
+    dist.barrier()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_send_and_a_recv_never_waited_for_complete(rank_pools, world_size):
+    rank_pools(world_size).run(_messages_never_waited_for)
