@@ -2,6 +2,7 @@
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 
@@ -180,3 +181,29 @@ def init_default_group():
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist.group.WORLD
+
+
+def write_results(args: argparse.Namespace, results: dict) -> None:
+    """With --json FILE, the run's world size, arguments and results, as every bench writes them."""
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"world_size": dist.get_world_size(), "args": vars(args),
+                       "results": results}, out, indent=1)  # fmt: skip
+
+
+def paired_arguments(module: str, doc: str, **counts: int) -> argparse.ArgumentParser:
+    """The arguments of a bench that runs streamnccl and gloo in turns (`module`'s): each of
+    `counts` as --name N with its default, then --rounds and --json."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    for name, default in counts.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--json", metavar="FILE")
+    return parser
+
+
+def destroy_groups(groups: dict) -> None:
+    """Destroys the measured groups, then the default group (init_default_group's)."""
+    for group in groups.values():
+        dist.destroy_process_group(group)
+    dist.destroy_process_group()

@@ -10,8 +10,6 @@ with the same parameters, bit for bit (`max_param_difference`): the same trainin
 each. Rank 0 prints one line per backend and the ratio; with --json writes them.
 """
 
-import argparse
-import json
 import sys
 import time
 
@@ -22,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import streamnccl  # noqa: F401  (registers the backend "streamnccl")
 
-from .cli import init_default_group
+from .cli import destroy_groups, init_default_group, paired_arguments, write_results
 from .latency import BACKENDS, paired
 
 INPUT_DIM = 8
@@ -64,14 +62,8 @@ def make_batches(rank: int, count: int, size: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamnccl.bench.ddp",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--json", metavar="FILE")
-    args = parser.parse_args(argv)
+    arguments = paired_arguments(__spec__.name, __doc__, steps=50, width=64, batch_size=64)
+    args = arguments.parse_args(argv)
     control = init_default_group()
     batches = make_batches(dist.get_rank(), 16, args.batch_size)
     groups = {backend: dist.new_group(backend=backend) for backend in BACKENDS}
@@ -90,15 +82,10 @@ def main(argv=None) -> int:
             shown = ", ".join(f"{key} {value:.3f}" for key, value in result[backend].items())
             print(f"ddp {backend}: {shown}")
         print(f"max_param_difference {result['max_param_difference']}")
-        if args.json:
-            with open(args.json, "w") as out:
-                json.dump({"world_size": dist.get_world_size(), "args": vars(args),
-                           "results": result}, out, indent=1)  # fmt: skip
+        write_results(args, result)
         sys.stdout.flush()
     trainers.clear()
-    for group in groups.values():
-        dist.destroy_process_group(group)
-    dist.destroy_process_group()
+    destroy_groups(groups)
     return 0
 
 

@@ -14,8 +14,6 @@ report gives each backend's median time, the median ratio and the ratios' range:
 Rank 0 prints one line per measure and backend, then the ratio; with --json writes them.
 """
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,7 +24,7 @@ import torch.distributed as dist
 
 import streamnccl  # noqa: F401  (registers the backend "streamnccl")
 
-from .cli import init_default_group
+from .cli import destroy_groups, init_default_group, paired_arguments, write_results
 
 BACKENDS = ("streamnccl", "gloo")
 
@@ -113,13 +111,7 @@ def paired(run, backends, rounds, control) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamnccl.bench.latency",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    parser.add_argument("--ops", type=int, default=2000)
-    parser.add_argument("--bytes", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--json", metavar="FILE")
-    args = parser.parse_args(argv)
+    args = paired_arguments(__spec__.name, __doc__, ops=2000, bytes=4096).parse_args(argv)
     control = init_default_group()
     groups = {backend: dist.new_group(backend=backend) for backend in BACKENDS}
     tensor = torch.ones(max(args.bytes // 4, 1))
@@ -134,14 +126,9 @@ def main(argv=None) -> int:
             for backend, values in result.items():
                 shown = ", ".join(f"{key} {value:.2f}" for key, value in values.items())
                 print(f"{name} {backend}: {shown}")
-        if args.json:
-            with open(args.json, "w") as out:
-                json.dump({"world_size": dist.get_world_size(), "args": vars(args),
-                           "results": results}, out, indent=1)  # fmt: skip
+        write_results(args, results)
         sys.stdout.flush()
-    for group in groups.values():
-        dist.destroy_process_group(group)
-    dist.destroy_process_group()
+    destroy_groups(groups)
     return 0
 
 

@@ -16,7 +16,6 @@ Rank 0 prints one line per measure, `backend measure: values`, and with --json w
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ import torch.distributed as dist
 
 import streamnccl  # noqa: F401  (registers the backend "streamnccl")
 
-from .cli import init_default_group
+from .cli import init_default_group, write_results
 
 BACKENDS = ("streamnccl", "gloo")
 
@@ -121,10 +120,7 @@ def main(argv=None) -> int:
                     for k, v in values.items()
                 )
                 print(f"{backend} {measure}: {shown}")
-        if args.json:
-            with open(args.json, "w") as out:
-                json.dump({"world_size": dist.get_world_size(), "args": vars(args),
-                           "results": results}, out, indent=1)  # fmt: skip
+        write_results(args, results)
         sys.stdout.flush()
     dist.destroy_process_group()
     wrong = sum(m["in_flight"]["wrong"] for m in results.values())
