@@ -288,7 +288,8 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("_reset_stats", &ProcessGroup::resetStats)
       // torch 2.15 binds get_error on every Backend; 2.11 only on its own backends.
-      .def("get_error", &ProcessGroup::getError,
+      // Without the GIL: it may wait for a break to fail its ops, whose callbacks take it.
+      .def("get_error", &ProcessGroup::getError, py::call_guard<py::gil_scoped_release>(),
            "SUCCESS until the group breaks, then TIMEOUT, COMM_ERROR or REMOTE_ERROR.")
       // What torch's split_group asks of every rank of this group (`options`: its pg_options),
       // and, with `agreement` (the new group's name), what python/streamnccl asks of the

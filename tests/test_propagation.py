@@ -146,6 +146,51 @@ def test_the_nccl_path_breaks_on_every_rank_when_one_times_out():
         assert gpu.violations() == []
 
 
+def test_get_error_tells_of_a_break_once_the_ops_it_took_out_of_flight_have_failed(tmp_path):
+    # Over the fake GPU: rank 0's all_reduce, which rank 1 never issues, passes its deadline.
+    # The break writes rank 0's dump, then fails the op. The dump's file is a FIFO here, whose
+    # writer waits until it is read: the break is held between the two for as long as the
+    # test likes (or 3 s). Whoever sees get_error() say the group broke must find the op
+    # failed: it said TIMEOUT before the op had failed, whose wait() then returned as if
+    # nothing were wrong (met once in a full run).
+    import os
+    import threading
+
+    from streamnccl import _testing  # noqa: F401  (the test doubles)
+
+    os.mkfifo(tmp_path / ".writing_rank_0")  # where rank 0's dump is written, then renamed
+    released = threading.Event()
+
+    def read_the_dump_once_released():
+        released.wait(3)
+        with open(tmp_path / ".writing_rank_0", "rb") as dump:
+            dump.read()
+
+    reader = threading.Thread(target=read_the_dump_once_released)
+    world, store = fake_world(), dist.HashStore()
+    groups = connect([
+        fake_group(rank=r, size=2, store=store, world=world, dump_dir=str(tmp_path),
+                   timeout=ORIGIN_TIMEOUT if r == 0 else OTHERS_TIMEOUT)
+        for r in range(2)
+    ])  # fmt: skip
+    pg = groups[0][0]
+    try:
+        reader.start()
+        work = pg.allreduce([torch.ones(4)])
+        deadline = time.monotonic() + OTHERS_TIMEOUT.total_seconds() / 2
+        while pg.get_error().name == "SUCCESS":
+            assert time.monotonic() < deadline, "the group never broke"
+            time.sleep(0.01)
+        assert pg.get_error().name == "TIMEOUT"
+        with pytest.raises(dist.DistBackendError, match="timed out"):
+            work.wait()
+    finally:
+        released.set()
+        reader.join(10)
+        for group, _ in groups:
+            group.abort()
+
+
 def test_a_store_that_does_not_answer_delays_a_break_by_a_bounded_time():
     # The break's post to the Store hangs: the group still breaks (later ops refused, its
     # communicator aborted) within the roll call and a second, rather than with the Store.

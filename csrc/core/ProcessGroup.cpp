@@ -106,6 +106,13 @@ void ProcessGroup::retireCompletedOfAll() {
   }
 }
 
+c10d::ErrorType ProcessGroup::getError() {
+  if (health_->broken()) {
+    watchdog_->awaitOpsFailed();
+  }
+  return health_->errorType();
+}
+
 void ProcessGroup::shutdown() {
   {
     // Later calls raise from here on; the first caller to say so closes the group.

@@ -75,8 +75,10 @@ class ProcessGroup final : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
   bool supportsCoalescing() const override { return true; }
   // SUCCESS until the group breaks; then TIMEOUT or COMM_ERROR where it broke, REMOTE_ERROR
-  // where the break was learned from another rank (BreakBoard.hpp).
-  c10d::ErrorType getError() override { return health_->errorType(); }
+  // where the break was learned from another rank (BreakBoard.hpp). Told once the break has
+  // failed the ops it took out of flight: whoever sees the error finds them failed (the
+  // break's own callbacks, on its thread, are told at once).
+  c10d::ErrorType getError() override;
   // torch's _register_on_completion_hook (CompletionHooks.hpp); ops are timed from now on,
   // for the hook's active duration.
   void registerOnCompletionHook(

@@ -145,8 +145,9 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   std::vector<std::string> unfinished();
   void abortCommunicators();
   // Once the group is broken, for a caller that stops kernels itself next (a failed split's
-  // abort of its parent, a shrink with NCCL_SHRINK_ABORT): waits (up to a minute, then logs)
-  // until the break that won has failed the ops in flight; at once on the winner's thread.
+  // abort of its parent, a shrink with NCCL_SHRINK_ABORT) or tells of the break (getError()):
+  // waits (up to a minute, then logs) until the break that won has failed the ops in flight;
+  // at once on the winner's thread.
   void awaitOpsFailed();
   // The group's teardown, the group broken: every op in flight has failed when this returns,
   // by the break or here, so that aborting next stops no kernel of an op not yet failed.
