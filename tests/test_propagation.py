@@ -149,27 +149,30 @@ def test_the_nccl_path_breaks_on_every_rank_when_one_times_out():
 def test_get_error_tells_of_a_break_once_the_ops_it_took_out_of_flight_have_failed(tmp_path):
     # Over the fake GPU: rank 0's all_reduce, which rank 1 never issues, passes its deadline.
     # The break writes rank 0's dump, then fails the op. The dump's file is a FIFO here, whose
-    # writer waits until it is read: the break is held between the two for as long as the
-    # test likes (or 3 s). Whoever sees get_error() say the group broke must find the op
-    # failed: it said TIMEOUT before the op had failed, whose wait() then returned as if
-    # nothing were wrong (met once in a full run).
+    # writer waits until it is read: the break is held between the two until the test reads it
+    # (about 4 s after the deadline). Whoever sees get_error() tell of the break must find the
+    # op failed. It told at once, before the op had failed, whose wait() then returned as if
+    # nothing were wrong (met once in a full run); now it waits until the op has failed.
+    import contextlib
     import os
     import threading
 
     from streamnccl import _testing  # noqa: F401  (the test doubles)
 
-    os.mkfifo(tmp_path / ".writing_rank_0")  # where rank 0's dump is written, then renamed
+    fifo = tmp_path / ".writing_rank_0"  # where rank 0's dump is written, then renamed
+    os.mkfifo(fifo)
     released = threading.Event()
 
     def read_the_dump_once_released():
-        released.wait(3)
-        with open(tmp_path / ".writing_rank_0", "rb") as dump:
+        released.wait(ORIGIN_TIMEOUT.total_seconds() + 4)
+        with open(fifo, "rb") as dump:
             dump.read()
 
-    reader = threading.Thread(target=read_the_dump_once_released)
+    reader = threading.Thread(target=read_the_dump_once_released, daemon=True)
     world, store = fake_world(), dist.HashStore()
     groups = connect([
         fake_group(rank=r, size=2, store=store, world=world, dump_dir=str(tmp_path),
+                   propagate_errors=False,
                    timeout=ORIGIN_TIMEOUT if r == 0 else OTHERS_TIMEOUT)
         for r in range(2)
     ])  # fmt: skip
@@ -187,6 +190,10 @@ def test_get_error_tells_of_a_break_once_the_ops_it_took_out_of_flight_have_fail
     finally:
         released.set()
         reader.join(10)
+        if reader.is_alive():  # no dump was written: let the reader's open() return
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        fifo.unlink(missing_ok=True)  # the aborts' dumps must not wait for a reader
         for group, _ in groups:
             group.abort()
 
