@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the mutants quote whole lines of C++)
-"""Mutation audit of the production code (csrc/core, csrc/cuda): each mutant plants one defect,
+"""Mutation audit of the production code (csrc/core, csrc/cuda, csrc/host): each mutant plants one defect,
 the extension is rebuilt, and the no-GPU tests run against it. A mutant must be caught by a
 behaviour test (a value, a violation the fake GPU reports, an error), not only by a test that
 pins an exact call log; the report says which caught it.
@@ -44,6 +44,7 @@ BEHAVIOUR = [
     "tests/test_nccl_split.py",
     "tests/test_propagation.py",
     "tests/test_completion_hooks.py",
+    "tests/test_host_stream.py",
 ]
 CALL_LOGS = ["tests/test_cuda_call_sequences.py"]
 
@@ -65,8 +66,8 @@ MUTANTS = [
              "  } else {\n    releaseTensors();")]),
     Mutant("future-before-finish", "the future completes before the op's finish kernels",
            "csrc/core/Launcher.cpp",
-           [("    steps.issue(communicator, kernels, opStream);\n    if (steps.finish) {\n",
-             "    steps.issue(communicator, kernels, opStream);\n    work.succeed();\n"
+           [("      std::rethrow_exception(failed);\n    }\n    if (steps.finish) {\n",
+             "      std::rethrow_exception(failed);\n    }\n    work.succeed();\n"
              "    if (steps.finish) {\n")]),
     Mutant("late-future-not-after-the-op", "a future asked for after its op settled follows nothing",
            "csrc/cuda/CudaDevice.cpp",
@@ -316,6 +317,18 @@ MUTANTS = [
            "csrc/cuda/NcclCommunicator.cpp",
            [("      allToAllLoaded_(nccl_->hasAllToAll()),\n      connection_(NcclConnection::open(",
              "      allToAllLoaded_(true),\n      connection_(NcclConnection::open(")]),
+    # --- the host stream (issue 37): ops post to Gloo and settle once it has completed them
+    Mutant("host-stream-runs-past-pending-calls", "the host stream runs the next op before the calls before it complete",
+           "csrc/host/HostStream.cpp",
+           [("    if (s.pending > 0 || s.items.empty()) {\n      s.holder = Holder::Free;",
+             "    if (s.items.empty()) {\n      s.holder = Holder::Free;")]),
+    Mutant("host-settle-before-calls-complete", "a host op settles as soon as its calls are posted",
+           "csrc/host/HostStream.cpp",
+           [("  if (s.pending == 0) {\n    auto failure = std::exchange(s.failure, nullptr);",
+             "  if (true) {\n    auto failure = std::exchange(s.failure, nullptr);")]),
+    Mutant("host-abort-leaves-waits", "a break leaves the waits for sends and receives to Gloo's timeout",
+           "csrc/host/HostCommunicator.cpp",
+           [("    stream_->abortCalls();\n", "")]),
 ]  # fmt: skip
 
 

@@ -106,6 +106,13 @@ class Device {
   // the calling thread, with `stream` made current; on the host it runs on the stream's
   // executor. The task must not throw. (A device that keeps it for later takes it: see Task.)
   virtual void enqueue(c10::Stream stream, Task task) = 0;
+  // Called by a task on `stream`, once it has issued its communicator calls: runs `settle`
+  // (the op's kernels after the calls, its outcome) after those calls in `stream`'s order,
+  // given the failure of the first of them that failed, or null. On CUDA a call's failure
+  // shows later (the watchdog asks the communicator), and `settle` runs now, issuing kernels
+  // after the calls'. On the host, whose calls on an internal stream complete on Gloo's side
+  // after the task returns (HostStream), it runs once they have.
+  virtual void afterCalls(c10::Stream /*stream*/, Settle settle) { settle(nullptr); }
   // Whether a task runs when its stream reaches it (the host's worker), rather than when it is
   // issued (CUDA, where it only enqueues kernels): then its running means the op has started.
   virtual bool tasksRunInStreamOrder() const { return true; }

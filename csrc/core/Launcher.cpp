@@ -193,28 +193,54 @@ void Launcher::enqueue(Issued& op, c10::Stream stream) {
 
 void Launcher::runTask(Work& work, const Steps& steps, Communicator& communicator,
                        c10::Stream opStream, Watchdog& watchdog, bool startsWithTask) {
-  const OpInfo& info = work.info();
-  // A failure breaks the group: its ranks can no longer be assumed in step.
   try {
     if (startsWithTask) {
-      watchdog.health().recorder().started(info.traceId);
+      watchdog.health().recorder().started(work.info().traceId);
     }
     Kernels kernels(work.device());
     steps.issue(communicator, kernels, opStream);
+  } catch (...) {
+    failTask(work, watchdog, std::current_exception());
+    return;
+  }
+  // Settled after the calls: at once where they complete on the stream (CUDA), else once they
+  // have (the host's Gloo). Kept, it owns what it uses: the task that issued it is gone by then.
+  auto settleNow = [&](std::exception_ptr failed) { settle(work, steps, watchdog, failed); };
+  auto keep = [&]() -> std::function<void(std::exception_ptr)> {
+    return [work = c10::intrusive_ptr<Work>::reclaim_copy(&work), steps,
+            watchdog = watchdog.shared_from_this()](std::exception_ptr failed) {
+      settle(*work, steps, *watchdog, failed);
+    };
+  };
+  work.device().afterCalls(opStream, Settle(settleNow, keep));
+}
+
+void Launcher::settle(Work& work, const Steps& steps, Watchdog& watchdog,
+                      std::exception_ptr failed) {
+  try {
+    if (failed) {
+      std::rethrow_exception(failed);
+    }
     if (steps.finish) {
+      Kernels kernels(work.device());
       steps.finish(kernels);
     }
     work.succeed();  // completed is recorded when its end event has passed
   } catch (...) {
-    const std::exception_ptr cause = std::current_exception();
-    watchdog.health().recorder().failed(info.traceId, describeException(cause));
-    // The op fails once the group's dump is written: whoever learns of it finds the dump.
-    watchdog.breakGroup(
-        info, work.failureFor(cause),
-        [&](const std::string& news) { work.fail(Watchdog::withNews(cause, news)); },
-        Watchdog::BreakAs{isTimeout(cause) ? GroupHealth::Cause::Timeout
-                                           : GroupHealth::Cause::Fault});
+    failTask(work, watchdog, std::current_exception());
   }
+}
+
+// A failure breaks the group: its ranks can no longer be assumed in step.
+void Launcher::failTask(Work& work, Watchdog& watchdog, std::exception_ptr cause) {
+  const OpInfo& info = work.info();
+  watchdog.health().recorder().failed(info.traceId, describeException(cause));
+  // The op fails once the group's dump is written: whoever learns of it finds the dump.
+  watchdog.breakGroup(
+      info, work.failureFor(cause),
+      [&](const std::string& news) { work.fail(Watchdog::withNews(cause, news)); },
+      Watchdog::BreakAs{isTimeout(cause) ? GroupHealth::Cause::Timeout
+                                         : GroupHealth::Cause::Fault});
 }
 
 }  // namespace streamnccl

@@ -46,6 +46,9 @@ class Launcher {
   static void enqueue(Issued& op, c10::Stream stream);
   static void runTask(Work& work, const Steps& steps, Communicator& communicator,
                       c10::Stream opStream, Watchdog& watchdog, bool startsWithTask);
+  // The op's kernels after its calls, and its outcome: `failed`, the calls' failure, or none.
+  static void settle(Work& work, const Steps& steps, Watchdog& watchdog, std::exception_ptr failed);
+  static void failTask(Work& work, Watchdog& watchdog, std::exception_ptr cause);
 
   const c10d::Backend& group_;
   const Options& options_;

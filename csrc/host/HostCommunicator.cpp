@@ -2,6 +2,8 @@
 
 #include "core/Backoff.hpp"
 #include "core/Errors.hpp"
+#include "core/GroupThreads.hpp"
+#include "host/HostDevice.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -55,14 +57,8 @@ c10d::ReduceOp toGloo(ReduceKind kind) {
 // Waits for a Gloo call. Its deadline (the group's timeout) passing is raised as a TimeoutError,
 // as the watchdog's would be (Gloo says so only in its message: "Timed out waiting ...").
 void waitForGloo(const c10::intrusive_ptr<c10d::Work>& work) {
-  try {
-    work->wait();
-  } catch (const std::exception&) {
-    const std::string what = describeException(std::current_exception());
-    if (what.find("Timed out") != std::string::npos) {
-      throwTimeoutError(what);
-    }
-    throw;
+  if (auto failure = HostStream::waitFor(work)) {
+    std::rethrow_exception(failure);
   }
 }
 
@@ -77,8 +73,19 @@ const at::Tensor& inPlace(const at::Tensor& input, const at::Tensor& output) {
 }  // namespace
 
 HostCommunicator::HostCommunicator(c10::intrusive_ptr<c10d::Backend> gloo, int tag,
+                                   std::shared_ptr<HostStream> stream,
                                    std::shared_ptr<LazyGloo> opened)
-    : gloo_(std::move(gloo)), rank_(gloo_->getRank()), tag_(tag), opened_(std::move(opened)) {}
+    : gloo_(std::move(gloo)),
+      rank_(gloo_->getRank()),
+      tag_(tag),
+      stream_(std::move(stream)),
+      opened_(std::move(opened)) {}
+
+HostCommunicator::~HostCommunicator() {
+  if (onGroupThread()) {
+    letGoOfGloo(std::exchange(gloo_, {}));
+  }
+}
 
 HostCommunicator::InGloo::InGloo(HostCommunicator& communicator) : communicator_(communicator) {
   std::lock_guard<std::mutex> lock(communicator.glooMutex_);
@@ -111,85 +118,108 @@ void HostCommunicator::abort() {
     released = releasable();
   }
   letGoOfGloo(std::move(released));
+  if (stream_) {
+    stream_->abortCalls();
+  }
   if (opened_) {
     opened_->close();
   }
 }
 
 template <typename Post>
-void HostCommunicator::issue(std::optional<int> peer, Post post) {
+void HostCommunicator::issue(c10::Stream stream, std::optional<int> peer, Completion completion,
+                             Post post) {
   if (groupDepth_ > 0) {
     // Posted at the group's end, each as soon as its peers have opened Gloo (postGrouped).
-    grouped_.push_back(Grouped{peer, std::move(post)});
+    grouped_.push_back(Grouped{peer, completion, std::move(post)});
+    groupStream_ = stream;
     return;
   }
   if (opened_) {
     opened_->awaitOpen(peer, [this] { return aborted_.load(); });
   }
-  InGloo inGloo(*this);
-  waitForGloo(post());
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    InGloo inGloo(*this);
+    work = post();
+  }
+  finish(stream, work, completion);
+}
+
+bool HostCommunicator::handsOver(c10::Stream stream) const {
+  return stream_ && stream.id() == HostDevice::kInternalStream;
+}
+
+void HostCommunicator::finish(c10::Stream stream, const c10::intrusive_ptr<c10d::Work>& work,
+                              Completion completion) {
+  if (handsOver(stream)) {
+    stream_->awaitCall(work, completion);
+  } else {
+    waitForGloo(work);
+  }
 }
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
-                                 const ReduceOp& op, c10::Stream /*stream: the calling thread*/) {
+                                 const ReduceOp& op, c10::Stream stream) {
   refuseIfAborted();
   std::vector<at::Tensor> tensors{inPlace(input, output)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
-  issue(std::nullopt, [=, this]() mutable {
+  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
     return unobserved([&] { return gloo_->allreduce(tensors, opts); });
   });
 }
 
 void HostCommunicator::broadcast(const at::Tensor& input, const at::Tensor& output, int root,
-                                 c10::Stream /*stream*/) {
+                                 c10::Stream stream) {
   refuseIfAborted();
   std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output) : output};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  issue(std::nullopt, [=, this]() mutable {
+  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
     return unobserved([&] { return gloo_->broadcast(tensors, opts); });
   });
 }
 
 void HostCommunicator::allGather(const at::Tensor& input, const at::Tensor& output,
-                                 c10::Stream /*stream*/) {
+                                 c10::Stream stream) {
   refuseIfAborted();
   // Flat views: buffers carry a count, and Gloo checks each output chunk's shape.
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
-  issue(std::nullopt, [=, this]() mutable {
+  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
     return unobserved([&] { return gloo_->_allgather_base(out, in); });
   });
 }
 
 void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output, const ReduceOp& op,
-                              int root, c10::Stream /*stream*/) {
+                              int root, c10::Stream stream) {
   refuseIfAborted();
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
-  std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output) : copyToScratch(input)};
+  std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output) : copyToScratch(input, stream)};
   c10d::ReduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
-  issue(std::nullopt,
-        [=, this]() mutable { return unobserved([&] { return gloo_->reduce(tensors, opts); }); });
+  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
+    return unobserved([&] { return gloo_->reduce(tensors, opts); });
+  });
 }
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,
-                                     const ReduceOp& op, c10::Stream /*stream*/) {
+                                     const ReduceOp& op, c10::Stream stream) {
   refuseIfAborted();
   at::Tensor in = input.view(-1);
   at::Tensor out = output.view(-1);
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = toGloo(op.kind);
-  issue(std::nullopt, [=, this]() mutable {
+  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
     return unobserved([&] { return gloo_->_reduce_scatter_base(out, in, opts); });
   });
 }
 
 void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& output,
                                 const std::vector<int64_t>& inSplits,
-                                const std::vector<int64_t>& outSplits, c10::Stream /*stream*/) {
+                                const std::vector<int64_t>& outSplits, c10::Stream stream) {
   refuseIfAborted();
   // Gloo takes its arguments by reference, as c10d's Backend declares them. Even splits go as
   // none: Gloo then takes its all-to-all of equal blocks, faster than the one of any blocks.
@@ -204,7 +234,7 @@ void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& outpu
     inBytes = inSplits;
     outBytes = outSplits;
   }
-  issue(std::nullopt, [=, this]() mutable {
+  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
     return unobserved(
         [&] { return gloo_->alltoall_base(out, in, outBytes, inBytes, c10d::AllToAllOptions()); });
   });
@@ -213,23 +243,25 @@ void HostCommunicator::allToAll(const at::Tensor& input, const at::Tensor& outpu
 // User tags: the Communicator, like NCCL, has none. Gloo matches messages between two ranks
 // with the same tag in the order they were posted, and each stream posts in program order,
 // so one tag per concurrently running stream is enough.
-void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream /*stream*/) {
+void HostCommunicator::send(const at::Tensor& input, int peer, c10::Stream stream) {
   refuseIfAborted();
   std::vector<at::Tensor> tensors{input};
-  issue(peer, [=, this]() mutable {
+  issue(stream, peer, Completion::Wait, [=, this]() mutable {
     return unobserved([&] { return gloo_->send(tensors, peer, tag_); });
   });
 }
 
-void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream /*stream*/) {
+void HostCommunicator::recv(const at::Tensor& output, int peer, c10::Stream stream) {
   refuseIfAborted();
   std::vector<at::Tensor> tensors{output};
-  issue(peer, [=, this]() mutable {
+  issue(stream, peer, Completion::Wait, [=, this]() mutable {
     return unobserved([&] { return gloo_->recv(tensors, peer, tag_); });
   });
 }
 
 int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*stream*/) {
+  // Waited for wherever it runs: its source is known only then (its lane's tasks run on the
+  // stream's worker: HostPath).
   refuseIfAborted();
   TORCH_INTERNAL_ASSERT(groupDepth_ == 0, "streamnccl: a recv from any source inside a group");
   if (opened_) {  // Gloo connects to every member for it
@@ -242,10 +274,11 @@ int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*
   return work->sourceRank();
 }
 
-at::Tensor HostCommunicator::copyToScratch(const at::Tensor& input) {
+at::Tensor HostCommunicator::copyToScratch(const at::Tensor& input, c10::Stream stream) {
   const auto bytes = static_cast<int64_t>(input.nbytes());
-  // Ops of one group are in flight together until its end: each needs a buffer of its own.
-  if (groupDepth_ > 0 || bytes > kKeptScratchBytes) {
+  // Ops of one group, or on the internal stream, are in flight together: each needs a buffer
+  // of its own.
+  if (groupDepth_ > 0 || handsOver(stream) || bytes > kKeptScratchBytes) {
     return input.clone();
   }
   if (!scratch_.defined() || scratch_.numel() < bytes) {
@@ -271,32 +304,30 @@ void HostCommunicator::groupEnd() {
   }
   auto grouped = std::exchange(grouped_, {});
   InGloo inGloo(*this);
-  std::vector<c10::intrusive_ptr<c10d::Work>> posted;
-  // Whatever happens, what was posted is waited for: Gloo still uses its buffers.
-  auto waitPosted = [&posted] {
-    for (auto& work : posted) {
-      waitForGloo(work);
-    }
-  };
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Completion>> posted;
   try {
     postGrouped(grouped, posted);
   } catch (...) {
-    for (auto& work : posted) {
+    // What was posted is still seen through: Gloo uses its buffers until it completes.
+    for (auto& [work, completion] : posted) {
       try {
-        waitForGloo(work);
+        finish(groupStream_, work, completion);
       } catch (...) {  // the first failure is the one to report
       }
     }
     throw;
   }
-  waitPosted();
+  for (auto& [work, completion] : posted) {
+    finish(groupStream_, work, completion);
+  }
 }
 
-void HostCommunicator::postGrouped(std::vector<Grouped>& grouped,
-                                   std::vector<c10::intrusive_ptr<c10d::Work>>& posted) {
+void HostCommunicator::postGrouped(
+    std::vector<Grouped>& grouped,
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Completion>>& posted) {
   if (!opened_) {
     for (auto& call : grouped) {
-      posted.push_back(call.post());
+      posted.emplace_back(call.post(), call.completion);
     }
     return;
   }
@@ -313,7 +344,7 @@ void HostCommunicator::postGrouped(std::vector<Grouped>& grouped,
     for (auto& call : grouped) {
       const bool held = call.peer ? heldPeers.count(*call.peer) > 0 : collectiveHeld;
       if (!held && opened_->isOpen(call.peer)) {
-        posted.push_back(call.post());
+        posted.emplace_back(call.post(), call.completion);
         progressed = true;
         continue;
       }

@@ -16,7 +16,8 @@ class HostEvent final : public Event {
     if (stream.id() == HostDevice::kCallerStream) {
       signal_->set();  // the caller is synchronous: what it enqueued has run
     } else {
-      device_.enqueue(stream, [signal = signal_] { signal->set(); });
+      device_.hostStream()->enqueue([signal = signal_] { signal->set(); },
+                                    HostStream::Kind::Quick);
     }
   }
 
@@ -24,8 +25,8 @@ class HostEvent final : public Event {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event blocked on before being recorded");
     if (stream.id() == HostDevice::kCallerStream) {
       signal_->wait();
-    } else if (!query()) {  // an already-passed point needs no task on the worker
-      device_.enqueue(stream, [signal = signal_] { signal->wait(); });
+    } else if (!query()) {  // an already-passed point needs no item on the stream
+      device_.hostStream()->enqueueWaitFor(signal_);
     }
   }
 
@@ -36,7 +37,7 @@ class HostEvent final : public Event {
     return signal_->waitFor(timeout);
   }
 
-  // Wall time on the worker between the two points: every host event keeps its time.
+  // Wall time between the two points passing: every host event keeps its time.
   std::optional<double> millisecondsSince(Event& start) override {
     auto* from = dynamic_cast<HostEvent*>(&start);
     TORCH_INTERNAL_ASSERT(from, "streamnccl: a host event is timed against another kind");
@@ -62,14 +63,25 @@ std::unique_ptr<Event> HostDevice::createEvent() { return std::make_unique<HostE
 
 std::unique_ptr<Event> HostDevice::createTimedEvent() { return createEvent(); }
 
+HostDevice::HostDevice(std::function<bool()> postsAtOnce) : postsAtOnce_(std::move(postsAtOnce)) {}
+
 void HostDevice::enqueue(c10::Stream stream, Task task) {
   if (stream.id() == kCallerStream) {
-    // Runs in order with the worker's tasks, so host ops keep program order, and returns when
-    // done: a sync host op's result is ready when the call returns.
-    worker_.runInOrder(task);
-  } else {
-    worker_.enqueue(std::move(task).take());
+    // After what the internal stream was given before, so host ops post in program order, and
+    // returns when done: a sync host op's result is ready when the call returns.
+    internal_->runInOrder(task);
+    return;
   }
+  internal_->enqueue(std::move(task).take(),
+                     postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
+}
+
+void HostDevice::afterCalls(c10::Stream stream, Settle settle) {
+  if (stream.id() == kCallerStream) {
+    settle(nullptr);  // its calls were waited for: a failure was raised to the task
+    return;
+  }
+  internal_->afterCalls(std::move(settle).take());
 }
 
 }  // namespace streamnccl

@@ -2,6 +2,7 @@
 
 #include "core/Backoff.hpp"
 #include "core/Errors.hpp"
+#include "core/GroupThreads.hpp"
 #include "core/StoreKeys.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -57,6 +58,12 @@ void letGoOfGloo(c10::intrusive_ptr<c10d::Backend> gloo) {
   }
 }
 
+LazyGloo::~LazyGloo() {
+  if (onGroupThread()) {
+    letGoOfGloo(std::move(gloo_));
+  }
+}
+
 void LazyGloo::close() {
   closed_.store(true);
   c10::intrusive_ptr<c10d::Backend> released;  // let go of after the lock
@@ -99,8 +106,7 @@ c10::intrusive_ptr<c10d::Backend> LazyGloo::get() {
 }
 
 bool LazyGloo::isOpen(std::optional<int> peer) {
-  if (allSeenOpen_.load(std::memory_order_acquire) ||
-      (peer && seenOpen_[*peer].load(std::memory_order_acquire))) {
+  if (knownOpen(peer)) {
     return true;
   }
   std::vector<int> unseen;

@@ -43,6 +43,13 @@ class LazyGloo {
   static std::shared_ptr<LazyGloo> deferred(Open open, const c10::intrusive_ptr<c10d::Store>& store,
                                             int rank, int size, std::chrono::milliseconds timeout);
 
+  // Lets go of the backend on a thread of its own where this is a group's thread (Gloo's
+  // among them: see HostCommunicator).
+  ~LazyGloo();
+  LazyGloo() = default;
+  LazyGloo(const LazyGloo&) = delete;
+  LazyGloo& operator=(const LazyGloo&) = delete;
+
   // The backend, made by the first call. A failure to make it raises a DistBackendError with
   // the cause (the group then breaks, as at a failed NCCL init).
   c10::intrusive_ptr<c10d::Backend> get();
@@ -56,6 +63,11 @@ class LazyGloo {
   void awaitOpen(std::optional<int> peer, const std::function<bool()>& aborted);
   // Whether `peer` (every member, when nullopt) has opened its Gloo, asked of the Store once.
   bool isOpen(std::optional<int> peer);
+  // Whether it is known to have, from an earlier ask: a look that never waits.
+  bool knownOpen(std::optional<int> peer) const {
+    return allSeenOpen_.load(std::memory_order_acquire) ||
+           (peer && seenOpen_[*peer].load(std::memory_order_acquire));
+  }
   // The group's timeout from now, and the DistBackendError naming who has not opened theirs
   // once it has passed.
   std::chrono::steady_clock::time_point deadlineFromNow() const;

@@ -2,8 +2,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace streamnccl {
 
@@ -13,15 +16,32 @@ struct Signal {
   std::condition_variable changed;
   bool done = false;
   std::chrono::steady_clock::time_point doneAt;  // when set(): host events time ops with it
+  std::vector<std::function<void()>> onSetCalls;  // run by set(), on its thread
 
   void set() {
     const auto now = std::chrono::steady_clock::now();
+    std::vector<std::function<void()>> calls;
     {
       std::lock_guard<std::mutex> lock(mutex);
       done = true;
       doneAt = now;
+      calls = std::move(onSetCalls);
     }
     changed.notify_all();
+    for (auto& call : calls) {
+      call();
+    }
+  }
+  // Runs `call` once set: now if it has been, else on the thread that sets it.
+  void onSet(std::function<void()> call) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!done) {
+        onSetCalls.push_back(std::move(call));
+        return;
+      }
+    }
+    call();
   }
   bool waitFor(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex);

@@ -30,6 +30,7 @@ class InflightWritesWatch final : public LaunchHook {
       issue(*unversioned, kernels, stream);
     };
     op.steps.finish = [finish = std::move(op.steps.finish), check](Kernels& kernels) {
+      kernels.creditWritesTo(&check->group());  // a Kernels of its own where calls settle later
       if (finish) {
         finish(kernels);
       }

@@ -1,0 +1,275 @@
+#include "host/HostStream.hpp"
+
+#include "core/Errors.hpp"
+#include "core/GroupThreads.hpp"
+
+#include <c10/util/thread_name.h>
+
+namespace streamnccl {
+
+std::exception_ptr HostStream::glooFailure(std::exception_ptr cause) {
+  const std::string what = describeException(cause);
+  if (what.find("Timed out") == std::string::npos) {
+    return cause;
+  }
+  try {
+    throwTimeoutError(what);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+HostStream::~HostStream() {
+  State& s = *state_;
+  Lock lock(s.mutex);
+  s.stopping = true;
+  const auto self = std::this_thread::get_id();
+  if ((s.holder == Holder::Running && s.runner == self) || s.workerId.load() == self) {
+    // Its last owner let go inside one of its items: waiting here would wait for ourselves.
+    // The threads driving it finish what is left; a worker ends once it is all done.
+    s.orphaned = true;
+    if (s.worker.joinable()) {
+      s.worker.detach();
+    }
+    s.wake.notify_all();
+    return;
+  }
+  s.changed.wait(lock, [&] { return s.drained(); });
+  s.wake.notify_all();
+  std::thread worker = std::move(s.worker);
+  lock.unlock();
+  if (worker.joinable()) {
+    worker.join();
+  }
+}
+
+void HostStream::startWorker(const std::shared_ptr<State>& state) {
+  State& s = *state;
+  if (s.worker.joinable() || s.workerId.load() != std::thread::id()) {
+    return;  // made already (joined only by the destructor, once all is done)
+  }
+  s.worker = std::thread([state] {
+    c10::setThreadName("streamnccl-host");  // what py-spy, gdb and top show
+    markGroupThread();
+    workerLoop(state);
+  });
+  // Before the thread can look: it waits for the lock this caller holds.
+  s.workerId = s.worker.get_id();
+  if (s.orphaned) {
+    s.worker.detach();
+  }
+}
+
+void HostStream::enqueue(std::function<void()> item, Kind kind) {
+  const auto& state = state_;
+  State& s = *state;
+  Lock lock(s.mutex);
+  s.items.push_back(Item{std::move(item), kind});
+  if (s.holder == Holder::Free && s.pending == 0 && s.items.size() == 1) {
+    take(state, lock);
+  }
+}
+
+void HostStream::enqueueWaitFor(std::shared_ptr<Signal> signal) {
+  // An item that makes the stream wait, rather than one that waits itself.
+  std::weak_ptr<State> weak = state_;
+  enqueue(
+      [weak, signal = std::move(signal)] {
+        auto state = weak.lock();
+        if (!state) {
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(state->mutex);
+          ++state->pending;
+        }
+        signal->onSet([state] { completed(state, nullptr); });
+      },
+      Kind::Quick);
+}
+
+void HostStream::take(const std::shared_ptr<State>& state, Lock& lock) {
+  State& s = *state;
+  if (s.items.front().kind == Kind::MayWait && std::this_thread::get_id() != s.workerId.load()) {
+    s.holder = Holder::Handed;
+    startWorker(state);
+    s.wake.notify_one();
+    return;
+  }
+  s.holder = Holder::Running;
+  s.runner = std::this_thread::get_id();
+  drive(state, lock);
+}
+
+void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
+  State& s = *state;
+  while (true) {
+    if (s.pending > 0 || s.items.empty()) {
+      s.holder = Holder::Free;
+      s.changed.notify_all();
+      return;
+    }
+    if (s.items.front().kind == Kind::MayWait &&
+        std::this_thread::get_id() != s.workerId.load()) {
+      s.holder = Holder::Handed;
+      startWorker(state);
+      s.wake.notify_one();
+      return;
+    }
+    Item item = std::move(s.items.front());
+    s.items.pop_front();
+    lock.unlock();
+    item.run();         // an item never throws (an op's task catches what its op meets)
+    item.run = nullptr;  // what it held goes before the next one runs, outside the lock
+    lock.lock();
+  }
+}
+
+void HostStream::completed(const std::shared_ptr<State>& state, std::exception_ptr failure) {
+  State& s = *state;
+  Lock lock(s.mutex);
+  if (failure && !s.failure) {
+    s.failure = std::move(failure);
+  }
+  if (--s.pending > 0 || s.holder != Holder::Free) {
+    return;  // the thread running the stream's items sees it at its next look
+  }
+  if (s.items.empty()) {
+    s.changed.notify_all();
+    return;
+  }
+  // On a thread of Gloo's, the items run here are the group's work: their futures' callbacks
+  // may let go of the group, whose teardown must then not run on this thread.
+  GroupThreadScope groupWork;
+  take(state, lock);
+}
+
+void HostStream::runInOrder(const Task& task) {
+  const auto& state = state_;
+  State& s = *state;
+  Lock lock(s.mutex);
+  const auto self = std::this_thread::get_id();
+  if (s.holder == Holder::Running && s.runner == self) {
+    // Called from an item (a future callback issuing a sync op): waiting for the queue would
+    // wait for ourselves. Inline is in order too: every rank runs it at the same point.
+    lock.unlock();
+    task();
+    return;
+  }
+  s.changed.wait(lock, [&] { return s.holder == Holder::Free && s.items.empty(); });
+  s.holder = Holder::Running;
+  s.runner = self;
+  lock.unlock();
+  task();
+  lock.lock();
+  drive(state, lock);  // what was enqueued meanwhile, once its calls allow
+}
+
+void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completion completion) {
+  const auto& state = state_;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  if (completion == Completion::Future) {
+    try {
+      future = call->getFuture();
+    } catch (const c10::Error&) {
+      completion = Completion::Wait;  // a Work of Gloo's without one (an op on no elements)
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    ++state->pending;
+    if (completion == Completion::Wait) {
+      state->waits.push_back(call);
+      startWorker(state);
+      state->wake.notify_one();
+      return;
+    }
+  }
+  // Run at once where it has completed already, else on the Gloo thread completing it.
+  future->addCallback([state](c10::ivalue::Future& done) {
+    completed(state, done.hasError() ? glooFailure(done.exception_ptr()) : nullptr);
+  });
+}
+
+void HostStream::afterCalls(std::function<void(std::exception_ptr)> settle) {
+  const auto& state = state_;
+  State& s = *state;
+  Lock lock(s.mutex);
+  if (s.pending == 0) {
+    auto failure = std::exchange(s.failure, nullptr);
+    lock.unlock();
+    settle(failure);
+    return;
+  }
+  // Next, before whatever was enqueued while this item ran: the item's own end.
+  std::weak_ptr<State> weak = state;
+  s.items.push_front(Item{[weak, settle = std::move(settle)] {
+                            std::exception_ptr failure;
+                            if (auto held = weak.lock()) {
+                              std::lock_guard<std::mutex> guard(held->mutex);
+                              failure = std::exchange(held->failure, nullptr);
+                            }
+                            settle(failure);
+                          },
+                          Kind::Quick});
+}
+
+void HostStream::abortCalls() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.aborted = true;
+  for (auto& call : s.waits) {
+    call->abort();
+  }
+  if (s.waiting) {
+    s.waiting->abort();
+  }
+}
+
+std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& call) {
+  try {
+    if (call->wait()) {
+      return nullptr;
+    }
+  } catch (...) {
+    return glooFailure(std::current_exception());
+  }
+  // Gloo's wait for a send or receive returns false once abort() ended it: it did not complete.
+  return makeDistBackendError("the Gloo call was aborted (its group broke) before it completed");
+}
+
+void HostStream::workerLoop(const std::shared_ptr<State>& state) {
+  State& s = *state;
+  Lock lock(s.mutex);
+  while (true) {
+    s.wake.wait(lock, [&] {
+      return !s.waits.empty() || s.holder == Holder::Handed || (s.stopping && s.drained());
+    });
+    if (!s.waits.empty()) {
+      auto call = std::move(s.waits.front());
+      s.waits.erase(s.waits.begin());
+      s.waiting = call;
+      if (s.aborted) {
+        call->abort();
+      }
+      lock.unlock();
+      auto failure = waitFor(call);
+      lock.lock();
+      s.waiting.reset();
+      lock.unlock();
+      call.reset();
+      completed(state, std::move(failure));
+      lock.lock();
+      continue;
+    }
+    if (s.holder == Holder::Handed) {
+      s.holder = Holder::Running;
+      s.runner = std::this_thread::get_id();
+      drive(state, lock);
+      continue;
+    }
+    return;  // stopping, and all done
+  }
+}
+
+}  // namespace streamnccl

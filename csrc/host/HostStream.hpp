@@ -1,0 +1,119 @@
+#pragma once
+
+#include "core/Task.hpp"
+#include "host/Signal.hpp"
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace streamnccl {
+
+// The host path's internal stream, taking work as a CUDA stream does: items run in the order
+// they were enqueued, each once the calls to Gloo that the items before it issued have
+// completed; an op's task posts its calls and returns, and its settle (Device::afterCalls) runs
+// once they are done. No thread is handed the work on the common path: an item runs on
+// whichever thread finds the stream ready, the caller that enqueues it or the Gloo thread that
+// completes the call before it. The stream's worker thread, made at the first need, runs the
+// items that may wait (a task whose peers have not yet opened Gloo) and waits for the calls
+// that have no future to complete them (Gloo's sends and receives).
+//
+// Who holds the stream (Holder, under the lock):
+//   Free    no thread runs an item. Items are queued only behind pending calls, whose
+//           completion takes the stream: Free -> Running (the completing thread runs them) or
+//           Free -> Handed (the front one may wait).
+//   Running one thread runs items (runner_), until the queue is empty or a call is pending
+//           (-> Free), or the front item may wait and it is not the worker (-> Handed).
+//   Handed  the worker is woken to run the front item (-> Running, on the worker).
+// An enqueue on a Free stream with nothing pending takes it (-> Running or Handed); a sync op
+// (runInOrder) takes it once it is Free with nothing queued, whatever calls are pending.
+class HostStream {
+ public:
+  enum class Kind {
+    Quick,    // never waits: runs on any thread (posts, kernels, signals)
+    MayWait,  // may wait (for peers to open Gloo): runs on the worker alone
+  };
+
+  HostStream() = default;
+  // Runs everything enqueued (and waits for its calls), then joins the worker; on a thread
+  // running the stream's item (its last owner let go there), leaves the rest to the threads
+  // that drive it, which share its state.
+  ~HostStream();
+  HostStream(const HostStream&) = delete;
+  HostStream& operator=(const HostStream&) = delete;
+
+  void enqueue(std::function<void()> item, Kind kind);
+  // Runs `task` on the calling thread once everything enqueued before it has run (its calls
+  // may be pending), and returns when it has: a sync op posted in program order.
+  void runInOrder(const Task& task);
+
+  // How a Gloo call tells it has completed: its future (collectives), or only a wait on it,
+  // which the worker makes (sends and receives).
+  enum class Completion { Future, Wait };
+  // From an item running on this stream: later items wait until `call` has completed. Its
+  // failure goes to the settle (afterCalls).
+  void awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completion completion);
+  // Later items wait until `signal` is set (an event recorded on another stream).
+  void enqueueWaitFor(std::shared_ptr<Signal> signal);
+  // From an item running on this stream: `settle` runs next, once the calls awaited so far
+  // have completed, given the first one's failure (or null).
+  void afterCalls(std::function<void(std::exception_ptr)> settle);
+  // Ends the waits for calls without a future (Gloo's abortWaitSend/Recv): they fail. Calls
+  // with a future end when Gloo's own work does.
+  void abortCalls();
+
+  // A Gloo call's failure, a timeout as a TimeoutError (Gloo says so only in its message).
+  static std::exception_ptr glooFailure(std::exception_ptr cause);
+  // Waits for a Gloo call: its failure, or null once it has completed.
+  static std::exception_ptr waitFor(const c10::intrusive_ptr<c10d::Work>& call);
+
+ private:
+  enum class Holder { Free, Running, Handed };
+  struct Item {
+    std::function<void()> run;
+    Kind kind;
+  };
+  // Shared with the worker, the calls' callbacks and whichever thread drives the stream: the
+  // last owner may let go of the HostStream inside an item.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable wake;     // the worker: an item handed, a wait to make, a stop
+    std::condition_variable changed;  // the stream went Free (runInOrder, the destructor)
+    std::deque<Item> items;
+    Holder holder = Holder::Free;
+    std::thread::id runner;
+    int pending = 0;                   // calls and signals awaited, not yet completed
+    std::exception_ptr failure;        // of the calls awaited since the last settle
+    std::vector<c10::intrusive_ptr<c10d::Work>> waits;  // calls without a future: the worker's
+    c10::intrusive_ptr<c10d::Work> waiting;              // the one the worker waits for now
+    bool aborted = false;
+    bool stopping = false;
+    bool orphaned = false;  // the HostStream went on a thread driving it: no one joins the worker
+    std::thread worker;     // made at the first need (startWorker)
+    std::atomic<std::thread::id> workerId{};
+
+    bool drained() const { return holder == Holder::Free && items.empty() && pending == 0; }
+  };
+  using Lock = std::unique_lock<std::mutex>;
+
+  // With the stream held by this thread (Running): runs items until it must let go.
+  static void drive(const std::shared_ptr<State>& state, Lock& lock);
+  // A call or signal awaited has completed, with `failure` (a call's) or none.
+  static void completed(const std::shared_ptr<State>& state, std::exception_ptr failure);
+  // With the stream Free, nothing pending and an item queued: this thread takes it.
+  static void take(const std::shared_ptr<State>& state, Lock& lock);
+  static void startWorker(const std::shared_ptr<State>& state);  // with the lock held
+  static void workerLoop(const std::shared_ptr<State>& state);
+
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+}  // namespace streamnccl

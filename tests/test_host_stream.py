@@ -1,0 +1,149 @@
+"""The host path's internal stream (csrc/host/HostStream.hpp): an async op posts its calls to
+Gloo from its caller and completes from Gloo's side, so a group whose ops post at once has no
+thread of its own; the ops of one stream still run in program order, one after the other, as
+on a CUDA stream; the worker that waits for sends and receives is named, and a break ends its
+wait at once."""
+
+import glob
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import streamnccl
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllreduceOptions
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads thread states from /proc"
+)
+
+
+def threads_named(name):
+    """The ids of this process's threads called `name`."""
+    found = set()
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            with open(f"{task}/comm") as comm:
+                if comm.read().strip() == name:
+                    found.add(task)
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return found
+
+
+def test_a_group_whose_ops_post_at_once_starts_no_thread():
+    # Sync ops run on their callers, and async ones post from them and complete on Gloo's
+    # threads: with a thread per group, 64 subgroups would hold 64 idle threads.
+    others = threads_named("streamnccl-host")  # other tests' groups, in this process
+    store = dist.HashStore()
+    timeout = timedelta(seconds=60)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, timeout)
+    group = streamnccl.ProcessGroup(store, 0, 1, timeout, streamnccl.Options(), gloo)
+    x = torch.ones(4)
+    for async_op in (False, True, False, True):
+        options = AllreduceOptions()
+        options.asyncOp = async_op
+        group.allreduce([x], options).wait()
+    works = []
+    for _ in range(100):
+        options = AllreduceOptions()
+        options.asyncOp = True
+        works.append(group.allreduce([x], options))
+    for work in works:
+        work.wait()
+    assert torch.equal(x, torch.ones(4))
+    assert threads_named("streamnccl-host") <= others
+    group.shutdown()
+    del group
+
+
+def _async_ops_in_program_order(ctx, numel):
+    # A chain of async ops on one tensor, none waited for until the last: each reads what the
+    # one before it wrote, so posted to Gloo before that one completed (Gloo runs its queue on
+    # two threads at once) they would read a half-written tensor. Values in closed form.
+    me, n = ctx.rank, ctx.world_size
+    x = torch.full((numel,), float(me + 1))
+    works = []
+    for round_ in range(3):
+        works.append(dist.all_reduce(x, async_op=True))  # every element: the sum of the ranks'
+        works.append(dist.broadcast(x, src=round_ % n, async_op=True))  # unchanged: all equal
+        works.append(dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True))
+    works[-1].wait()
+    # Starting from 1..n: n(n+1)/2, then times n at each later round's sum.
+    expected = n * (n + 1) / 2 * n**2
+    assert torch.equal(x, torch.full((numel,), expected)), (x[:4], expected)
+    assert all(work.is_completed() for work in works)
+    # A sync op after async ones still queued: posted after them on every rank, whichever
+    # rank's stream is further on, so each exchange meets its own on the other ranks.
+    a, b, c = (torch.full((numel,), float(me + k)) for k in (1, 10, 100))
+    pending = [dist.all_reduce(a, async_op=True), dist.all_reduce(b, async_op=True)]
+    dist.all_reduce(c)
+    for work in pending:
+        work.wait()
+    for tensor, k in ((a, 1), (b, 10), (c, 100)):
+        assert torch.equal(tensor, torch.full((numel,), float(sum(range(n)) + n * k)))
+
+
+@pytest.mark.parametrize("numel", [1, 4 << 20])
+def test_async_ops_of_one_stream_run_in_program_order(rank_pools, numel):
+    rank_pools(2).run(_async_ops_in_program_order, numel)
+
+
+def _sends_and_receives_waited_by_a_named_worker(ctx):
+    # A send or a recv has no future: the stream's worker waits for it. It is named, as every
+    # thread of a group is, for py-spy, gdb and top.
+    me = ctx.rank
+    x = torch.full((3,), 5.0)
+    if me == 0:
+        dist.isend(x, dst=1).wait()
+    else:
+        inbox = torch.empty(3)
+        dist.irecv(inbox, src=0).wait()
+        assert torch.equal(inbox, x)
+    dist.barrier()
+    return bool(threads_named("streamnccl-host"))
+
+
+def test_sends_and_receives_are_waited_for_by_a_named_worker(rank_pools):
+    assert rank_pools(2).run(_sends_and_receives_waited_by_a_named_worker) == [True, True]
+
+
+GROUP_TIMEOUT_S = 120
+
+
+def _a_recv_nobody_sends(ctx):
+    # Rank 0 waits for a message that rank 1 never sends. The group's abort ends that wait at
+    # once (Gloo's abortWaitRecv), rather than at Gloo's timeout, minutes away: the recv
+    # fails, and the group is destroyed at once.
+    me = ctx.rank
+    group = dist.new_group(backend="streamnccl", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    dist.all_reduce(torch.ones(1), group=group)
+    result = None
+    if me == 0:
+        inbox = torch.zeros(4)
+        work = dist.irecv(inbox, src=1, group=group)
+        dist.send(torch.ones(4), dst=1, group=group)  # the lanes are open both ways
+        started = time.monotonic()
+        group._get_backend(torch.device("cpu")).abort()
+        with pytest.raises(dist.DistBackendError):
+            work.wait()
+        failed_after = time.monotonic() - started
+        started = time.monotonic()
+        dist.destroy_process_group(group)
+        result = (failed_after, time.monotonic() - started, work.is_completed())
+    else:
+        dist.recv(torch.empty(4), src=0, group=group)
+    dist.barrier()  # rank 1 keeps its side of the group open until rank 0 is done
+    if me == 1:
+        dist.destroy_process_group(group)
+    return result
+
+
+def test_a_break_ends_the_wait_for_a_recv_at_once(rank_pools):
+    result, _ = rank_pools(2).run(_a_recv_nobody_sends)
+    failed_after, destroyed_after, completed = result
+    assert failed_after < 5, result
+    assert destroyed_after < 10, result
+    assert completed, result
