@@ -1,8 +1,8 @@
 """The host path's internal stream (csrc/host/HostStream.hpp): an async op posts its calls to
 Gloo from its caller and completes from Gloo's side, so a group whose ops post at once has no
 thread of its own; the ops of one stream still run in program order, one after the other, as
-on a CUDA stream; the worker that waits for sends and receives is named, and a break ends its
-wait at once."""
+on a CUDA stream; a send or a receive is waited for by its caller's wait(), else by the
+stream's named worker, and a break ends that wait at once."""
 
 import glob
 import sys
@@ -21,13 +21,17 @@ pytestmark = pytest.mark.skipif(
 
 
 def threads_named(name):
-    """The ids of this process's threads called `name`."""
-    found = set()
+    """{thread: voluntary context switches so far} of this process's threads called `name`."""
+    found = {}
     for task in glob.glob("/proc/self/task/*"):
         try:
             with open(f"{task}/comm") as comm:
-                if comm.read().strip() == name:
-                    found.add(task)
+                if comm.read().strip() != name:
+                    continue
+            with open(f"{task}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        found[task] = int(line.split()[1])
         except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
     return found
@@ -36,7 +40,7 @@ def threads_named(name):
 def test_a_group_whose_ops_post_at_once_starts_no_thread():
     # Sync ops run on their callers, and async ones post from them and complete on Gloo's
     # threads: with a thread per group, 64 subgroups would hold 64 idle threads.
-    others = threads_named("streamnccl-host")  # other tests' groups, in this process
+    others = set(threads_named("streamnccl-host"))  # other tests' groups, in this process
     store = dist.HashStore()
     timeout = timedelta(seconds=60)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), 0, 1, timeout)
@@ -54,7 +58,7 @@ def test_a_group_whose_ops_post_at_once_starts_no_thread():
     for work in works:
         work.wait()
     assert torch.equal(x, torch.ones(4))
-    assert threads_named("streamnccl-host") <= others
+    assert set(threads_named("streamnccl-host")) <= others
     group.shutdown()
     del group
 
@@ -91,23 +95,34 @@ def test_async_ops_of_one_stream_run_in_program_order(rank_pools, numel):
     rank_pools(2).run(_async_ops_in_program_order, numel)
 
 
-def _sends_and_receives_waited_by_a_named_worker(ctx):
-    # A send or a recv has no future: the stream's worker waits for it. It is named, as every
-    # thread of a group is, for py-spy, gdb and top.
-    me = ctx.rank
+def _sends_and_receives_waited_for_by_their_callers(ctx, ops):
+    # A send or a recv has no future in Gloo: a thread must wait for it. Where its caller
+    # calls wait(), the caller does, as with gloo; the lanes' workers (which ran each lane's
+    # first op, its peer not yet known to have opened Gloo) sleep throughout. One wake of a
+    # worker per op (the hand-off this guards against) doubles a small message's switches.
+    me, peer = ctx.rank, 1 - ctx.rank
     x = torch.full((3,), 5.0)
-    if me == 0:
-        dist.isend(x, dst=1).wait()
-    else:
-        inbox = torch.empty(3)
-        dist.irecv(inbox, src=0).wait()
-        assert torch.equal(inbox, x)
-    dist.barrier()
-    return bool(threads_named("streamnccl-host"))
+    dist.send(x, dst=peer) if me == 0 else dist.recv(x, src=peer)  # opens both lanes
+    dist.recv(x, src=peer) if me == 0 else dist.send(x, dst=peer)
+    workers = threads_named("streamnccl-host")  # named, for py-spy, gdb and top
+    assert workers, "no thread named streamnccl-host: the lanes' workers are not named"
+    for i in range(ops):
+        message = torch.full((3,), float(i))
+        if me == 0:
+            dist.send(message, dst=peer)
+            dist.recv(x, src=peer)
+        else:
+            dist.recv(x, src=peer)
+            dist.send(x, dst=peer)
+        assert torch.equal(x, message) or me == 1
+    after = threads_named("streamnccl-host")
+    return sum(after[t] - workers[t] for t in workers if t in after)
 
 
-def test_sends_and_receives_are_waited_for_by_a_named_worker(rank_pools):
-    assert rank_pools(2).run(_sends_and_receives_waited_by_a_named_worker) == [True, True]
+def test_sends_and_receives_are_waited_for_by_their_callers(rank_pools):
+    ops = 300
+    woken = rank_pools(2).run(_sends_and_receives_waited_for_by_their_callers, ops)
+    assert max(woken) < ops // 10, f"the lanes' workers woke {woken} times in {ops} round trips"
 
 
 GROUP_TIMEOUT_S = 120

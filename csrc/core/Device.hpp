@@ -40,10 +40,10 @@
 //   internal stream  ──────────────◆───[communicator call]──●end──┘
 //   host             launch: record ready, block, enqueue, record end; wait(): block
 //
-// On the host path "streams" are executors: the caller's stream is the calling thread, which
-// is synchronous, and the internal stream is one worker thread per group. Host ops are run by
-// the worker in program order; a sync op returns when its result is ready. Each lane is one
-// more worker.
+// On the host path the caller's stream is the calling thread, which is synchronous (a sync op
+// returns when its result is ready), and the internal stream, one per group and lane, is a
+// HostStream: an op's task posts its Gloo calls (from whichever thread finds the stream
+// ready) and its settle follows once Gloo has completed them, as a CUDA stream orders kernels.
 
 #include "core/Task.hpp"
 
@@ -72,6 +72,11 @@ class Event {
   virtual bool query() = 0;
   // Blocks the host until the marked work has run or `timeout` passes; false on timeout.
   virtual bool synchronize(std::chrono::milliseconds timeout) = 0;
+  // The same, for a waiter that would wait until the marked work has run (a plain wait()):
+  // where the device lets a waiter do on its own thread the work that point waits for (the
+  // host's waits for sends and receives, which a group's break ends), it does, rather than
+  // sleep while another thread does it, and may return later than `slice`.
+  virtual bool waitHelping(std::chrono::milliseconds slice) { return synchronize(slice); }
   // Milliseconds from `start`, recorded earlier on the same stream, to this point, once both
   // have passed; nullopt before, or when either was not made by Device::createTimedEvent().
   virtual std::optional<double> millisecondsSince(Event& /*start*/) { return std::nullopt; }

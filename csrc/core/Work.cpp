@@ -312,7 +312,7 @@ void Work::waitOrRaise(std::chrono::milliseconds timeout) {
 
 void Work::waitForEndOrFailure() {
   constexpr auto kSlice = std::chrono::milliseconds(10);
-  while (!end_->synchronize(kSlice) && !exception()) {
+  while (!end_->waitHelping(kSlice) && !exception()) {
   }
 }
 

@@ -13,7 +13,8 @@ class HostEvent final : public Event {
 
   void record(c10::Stream stream) override {
     signal_ = std::make_shared<Signal>();
-    if (stream.id() == HostDevice::kCallerStream) {
+    onStream_ = stream.id() != HostDevice::kCallerStream;
+    if (!onStream_) {
       signal_->set();  // the caller is synchronous: what it enqueued has run
     } else {
       device_.hostStream()->enqueue([signal = signal_] { signal->set(); },
@@ -25,16 +26,36 @@ class HostEvent final : public Event {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event blocked on before being recorded");
     if (stream.id() == HostDevice::kCallerStream) {
       signal_->wait();
-    } else if (!query()) {  // an already-passed point needs no item on the stream
+    } else if (!passed()) {  // an already-passed point needs no item on the stream
       device_.hostStream()->enqueueWaitFor(signal_);
     }
   }
 
-  bool query() override { return signal_ && signal_->waitFor(std::chrono::milliseconds(0)); }
+  // Polled by the watchdog and is_completed(): a send or a receive that no wait() has come
+  // for is handed to the stream's worker after a while, so it completes all the same.
+  bool query() override {
+    if (passed()) {
+      return true;
+    }
+    if (onStream_) {
+      device_.hostStream()->nudge(kUnwatchedGrace);
+    }
+    return false;
+  }
 
   bool synchronize(std::chrono::milliseconds timeout) override {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event synchronized before being recorded");
+    if (onStream_ && !passed()) {
+      device_.hostStream()->nudge(std::chrono::milliseconds(0));  // this waiter only sleeps
+    }
     return signal_->waitFor(timeout);
+  }
+
+  bool waitHelping(std::chrono::milliseconds slice) override {
+    TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event waited for before being recorded");
+    while (onStream_ && !passed() && device_.hostStream()->helpWait()) {
+    }
+    return signal_->waitFor(slice);
   }
 
   // Wall time between the two points passing: every host event keeps its time.
@@ -53,8 +74,14 @@ class HostEvent final : public Event {
   }
 
  private:
+  bool passed() const { return signal_ && signal_->waitFor(std::chrono::milliseconds(0)); }
+
+  // How long a send or a receive waits for a wait() before the worker waits for it instead.
+  static constexpr auto kUnwatchedGrace = std::chrono::milliseconds(20);
+
   HostDevice& device_;
   std::shared_ptr<Signal> signal_;
+  bool onStream_ = false;  // recorded on the internal stream (else on the caller's, passed)
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <c10/util/thread_name.h>
 
+#include <algorithm>
+
 namespace streamnccl {
 
 std::exception_ptr HostStream::glooFailure(std::exception_ptr cause) {
@@ -33,6 +35,9 @@ HostStream::~HostStream() {
     }
     s.wake.notify_all();
     return;
+  }
+  if (!s.waits.empty()) {
+    startWorker(state_);  // no one else may ever wait for them
   }
   s.changed.wait(lock, [&] { return s.drained(); });
   s.wake.notify_all();
@@ -156,7 +161,13 @@ void HostStream::runInOrder(const Task& task) {
     task();
     return;
   }
-  s.changed.wait(lock, [&] { return s.holder == Holder::Free && s.items.empty(); });
+  while (s.holder != Holder::Free || !s.items.empty()) {
+    if (!s.waits.empty()) {  // what is queued may wait for them: the worker waits, not us
+      startWorker(state);
+      s.wake.notify_one();
+    }
+    s.changed.wait(lock);
+  }
   s.holder = Holder::Running;
   s.runner = self;
   lock.unlock();
@@ -179,9 +190,8 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
     std::lock_guard<std::mutex> lock(state->mutex);
     ++state->pending;
     if (completion == Completion::Wait) {
-      state->waits.push_back(call);
-      startWorker(state);
-      state->wake.notify_one();
+      // Waited for by whoever comes first: the op's wait(), else the worker (nudge).
+      state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
       return;
     }
   }
@@ -218,12 +228,50 @@ void HostStream::abortCalls() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.aborted = true;
-  for (auto& call : s.waits) {
+  for (auto& unwatched : s.waits) {
+    unwatched.call->abort();
+  }
+  for (auto& call : s.watched) {
     call->abort();
   }
-  if (s.waiting) {
-    s.waiting->abort();
+}
+
+bool HostStream::helpWait() {
+  const auto& state = state_;
+  Lock lock(state->mutex);
+  if (state->waits.empty()) {
+    return false;
   }
+  watchOldest(state, lock);
+  return true;
+}
+
+void HostStream::nudge(std::chrono::milliseconds grace) {
+  const auto& state = state_;
+  std::lock_guard<std::mutex> lock(state->mutex);
+  if (!state->waits.empty() &&
+      state->waits.front().since + grace <= std::chrono::steady_clock::now()) {
+    startWorker(state);
+    state->wake.notify_one();
+  }
+}
+
+void HostStream::watchOldest(const std::shared_ptr<State>& state, Lock& lock) {
+  State& s = *state;
+  auto call = std::move(s.waits.front().call);
+  s.waits.pop_front();
+  s.watched.push_back(call);
+  if (s.aborted) {
+    call->abort();
+  }
+  lock.unlock();
+  auto failure = waitFor(call);
+  lock.lock();
+  s.watched.erase(std::find(s.watched.begin(), s.watched.end(), call));
+  lock.unlock();
+  call.reset();
+  completed(state, std::move(failure));
+  lock.lock();
 }
 
 std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& call) {
@@ -246,20 +294,7 @@ void HostStream::workerLoop(const std::shared_ptr<State>& state) {
       return !s.waits.empty() || s.holder == Holder::Handed || (s.stopping && s.drained());
     });
     if (!s.waits.empty()) {
-      auto call = std::move(s.waits.front());
-      s.waits.erase(s.waits.begin());
-      s.waiting = call;
-      if (s.aborted) {
-        call->abort();
-      }
-      lock.unlock();
-      auto failure = waitFor(call);
-      lock.lock();
-      s.waiting.reset();
-      lock.unlock();
-      call.reset();
-      completed(state, std::move(failure));
-      lock.lock();
+      watchOldest(state, lock);
       continue;
     }
     if (s.holder == Holder::Handed) {

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -22,9 +23,12 @@ namespace streamnccl {
 // completed; an op's task posts its calls and returns, and its settle (Device::afterCalls) runs
 // once they are done. No thread is handed the work on the common path: an item runs on
 // whichever thread finds the stream ready, the caller that enqueues it or the Gloo thread that
-// completes the call before it. The stream's worker thread, made at the first need, runs the
-// items that may wait (a task whose peers have not yet opened Gloo) and waits for the calls
-// that have no future to complete them (Gloo's sends and receives).
+// completes the call before it. A call with no future (Gloo's sends and receives) completes
+// once a thread waits for it: the caller's wait() where one comes (helpWait), else the
+// stream's worker, woken when the call has gone unwatched for a while (nudge), or at once for
+// a waiter that will not wait in Gloo itself (a wait with a timeout, a sync op, the end). The
+// worker, made at the first need, also runs the items that may wait (a task whose peers have
+// not yet opened Gloo).
 //
 // Who holds the stream (Holder, under the lock):
 //   Free    no thread runs an item. Items are queued only behind pending calls, whose
@@ -69,6 +73,12 @@ class HostStream {
   // Ends the waits for calls without a future (Gloo's abortWaitSend/Recv): they fail. Calls
   // with a future end when Gloo's own work does.
   void abortCalls();
+  // Waits here for the oldest call without a future that no thread waits for yet, and
+  // completes it; false where there is none. A break ends the wait (abortCalls).
+  bool helpWait();
+  // Wakes the worker to wait for the calls without a future that no thread has waited for
+  // since `grace` ago.
+  void nudge(std::chrono::milliseconds grace);
 
   // A Gloo call's failure, a timeout as a TimeoutError (Gloo says so only in its message).
   static std::exception_ptr glooFailure(std::exception_ptr cause);
@@ -81,6 +91,11 @@ class HostStream {
     std::function<void()> run;
     Kind kind;
   };
+  // A call without a future, waiting for a thread to wait for it.
+  struct Unwatched {
+    c10::intrusive_ptr<c10d::Work> call;
+    std::chrono::steady_clock::time_point since;
+  };
   // Shared with the worker, the calls' callbacks and whichever thread drives the stream: the
   // last owner may let go of the HostStream inside an item.
   struct State {
@@ -92,8 +107,8 @@ class HostStream {
     std::thread::id runner;
     int pending = 0;                   // calls and signals awaited, not yet completed
     std::exception_ptr failure;        // of the calls awaited since the last settle
-    std::vector<c10::intrusive_ptr<c10d::Work>> waits;  // calls without a future: the worker's
-    c10::intrusive_ptr<c10d::Work> waiting;              // the one the worker waits for now
+    std::deque<Unwatched> waits;  // calls without a future that no thread waits for yet
+    std::vector<c10::intrusive_ptr<c10d::Work>> watched;  // those a thread waits for now
     bool aborted = false;
     bool stopping = false;
     bool orphaned = false;  // the HostStream went on a thread driving it: no one joins the worker
@@ -112,6 +127,9 @@ class HostStream {
   static void take(const std::shared_ptr<State>& state, Lock& lock);
   static void startWorker(const std::shared_ptr<State>& state);  // with the lock held
   static void workerLoop(const std::shared_ptr<State>& state);
+  // With the lock held and a call in `waits`: takes the oldest and waits for it on this
+  // thread (without the lock), then completes it.
+  static void watchOldest(const std::shared_ptr<State>& state, Lock& lock);
 
   const std::shared_ptr<State> state_ = std::make_shared<State>();
 };

@@ -45,6 +45,9 @@ struct Signal {
   }
   bool waitFor(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex);
+    if (done || timeout.count() <= 0) {
+      return done;  // a look: a wait of no time would still cost a system call
+    }
     return changed.wait_for(lock, timeout, [&] { return done; });
   }
   // When set() was called, if it has been.
