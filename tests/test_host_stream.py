@@ -125,6 +125,36 @@ def test_sends_and_receives_are_waited_for_by_their_callers(rank_pools):
     assert max(woken) < ops // 10, f"the lanes' workers woke {woken} times in {ops} round trips"
 
 
+def _batches_only(ctx, ops):
+    # A group whose only ops are batch_isend_irecv (each a coalesced group of a send and a
+    # recv on the group's stream) learns at its first that every member has opened Gloo, and
+    # posts the later ones from the caller: its worker, which ran the first, sleeps after.
+    me, n = ctx.rank, ctx.world_size
+    group = dist.new_group(backend="streamnccl")
+    inbox = torch.empty(4)
+
+    def batch(value):
+        ops = [dist.P2POp(dist.isend, torch.full((4,), value + me), (me + 1) % n, group),
+               dist.P2POp(dist.irecv, inbox, (me - 1) % n, group)]  # fmt: skip
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        assert torch.equal(inbox, torch.full((4,), value + (me - 1) % n))
+
+    batch(0.0)
+    workers = threads_named("streamnccl-host")
+    for i in range(ops):
+        batch(float(i))
+    after = threads_named("streamnccl-host")
+    dist.destroy_process_group(group)
+    return sum(after[t] - workers[t] for t in workers if t in after)
+
+
+def test_a_group_of_batches_alone_posts_them_from_the_caller(rank_pools):
+    ops = 200
+    woken = rank_pools(2).run(_batches_only, ops)
+    assert max(woken) < ops // 10, f"the group's worker woke {woken} times in {ops} batches"
+
+
 GROUP_TIMEOUT_S = 120
 
 

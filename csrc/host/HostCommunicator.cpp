@@ -334,6 +334,11 @@ void HostCommunicator::postGrouped(
   // Each call is posted once the ranks it exchanges with have opened Gloo, so that a late
   // peer holds up its own calls alone (in a group they may progress in any order): calls to
   // one peer keep their order, and so do collectives among themselves.
+  if (!opened_->knownOpen(std::nullopt)) {
+    // One look at every member: once all have opened Gloo, the stream's later ops post at
+    // once, where until then they run on its worker (HostPath), since one may have to wait.
+    opened_->isOpen(std::nullopt);
+  }
   const auto deadline = opened_->deadlineFromNow();
   Backoff backoff(std::chrono::microseconds(200), std::chrono::microseconds(20000));
   while (!grouped.empty()) {

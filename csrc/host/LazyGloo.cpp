@@ -129,7 +129,11 @@ bool LazyGloo::isOpen(std::optional<int> peer) {
   for (const int member : unseen) {
     seenOpen_[member].store(true, std::memory_order_release);
   }
-  if (!peer) {
+  bool all = true;  // the last member seen, one peer at a time, makes it all of them
+  for (int member = 0; member < size_ && all; ++member) {
+    all = seenOpen_[member].load(std::memory_order_acquire);
+  }
+  if (all) {
     allSeenOpen_.store(true, std::memory_order_release);
   }
   return true;
