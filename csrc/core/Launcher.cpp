@@ -201,6 +201,9 @@ void Launcher::runTask(Work& work, const Steps& steps, Communicator& communicato
     steps.issue(communicator, kernels, opStream);
   } catch (...) {
     failTask(work, watchdog, std::current_exception());
+    // What it posted before it failed is still seen through on the stream, whose failure is
+    // this op's, not the next one's to settle.
+    work.device().afterCalls(opStream, [](std::exception_ptr /*failed: told already*/) {});
     return;
   }
   // Settled after the calls: at once where they complete on the stream (CUDA), else once they

@@ -268,9 +268,16 @@ int HostCommunicator::recvFromAnySource(const at::Tensor& output, c10::Stream /*
     opened_->awaitOpen(std::nullopt, [this] { return aborted_.load(); });
   }
   std::vector<at::Tensor> tensors{output};
-  InGloo inGloo(*this);
-  auto work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
-  waitForGloo(work);
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    InGloo inGloo(*this);
+    work = unobserved([&] { return gloo_->recvAnysource(tensors, tag_); });
+  }
+  if (!stream_) {
+    waitForGloo(work);
+  } else if (auto failure = stream_->waitWatched(work)) {  // a break ends it at once
+    std::rethrow_exception(failure);
+  }
   return work->sourceRank();
 }
 

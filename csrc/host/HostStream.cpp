@@ -3,6 +3,7 @@
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
 
+#include <c10/util/Exception.h>
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
@@ -38,6 +39,7 @@ HostStream::~HostStream() {
   }
   if (!s.waits.empty()) {
     startWorker(state_);  // no one else may ever wait for them
+    s.wake.notify_one();
   }
   s.changed.wait(lock, [&] { return s.drained(); });
   s.wake.notify_all();
@@ -197,7 +199,12 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
   }
   // Run at once where it has completed already, else on the Gloo thread completing it.
   future->addCallback([state](c10::ivalue::Future& done) {
-    completed(state, done.hasError() ? glooFailure(done.exception_ptr()) : nullptr);
+    // On Gloo's thread, outside its guard: what escapes here would end the process.
+    try {
+      completed(state, done.hasError() ? glooFailure(done.exception_ptr()) : nullptr);
+    } catch (const std::exception& error) {
+      TORCH_WARN("streamnccl: the host stream could not go on after a Gloo call: ", error.what());
+    }
   });
 }
 
@@ -224,16 +231,71 @@ void HostStream::afterCalls(std::function<void(std::exception_ptr)> settle) {
                           Kind::Quick});
 }
 
+namespace {
+
+// Ends a wait for a Gloo send or receive (abortWaitSend/Recv). A call of another kind (a Gloo
+// Work without a future, waited for all the same) cannot be: it ends as Gloo ends it.
+void abortWait(const c10::intrusive_ptr<c10d::Work>& call) {
+  try {
+    call->abort();
+  } catch (const c10::Error&) {
+  }
+}
+
+// Gloo still has an aborted send or receive posted: the pair may yet write into its buffer, or
+// read from it, until Gloo closes the connection. Its Work, which holds the tensor, is kept
+// for the process's life, as a failed CUDA op's tensors are whose kernels never pass.
+void keepForGood(c10::intrusive_ptr<c10d::Work> call) {
+  static auto* kept = new std::vector<c10::intrusive_ptr<c10d::Work>>();  // never freed
+  static std::mutex mutex;
+  TORCH_WARN_ONCE(
+      "streamnccl: a send or a receive that its group's break aborted is still posted in "
+      "Gloo; its buffer is kept for the rest of the process, as Gloo may yet use it");
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(call));
+}
+
+}  // namespace
+
 void HostStream::abortCalls() {
-  State& s = *state_;
+  const auto& state = state_;
+  State& s = *state;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.aborted = true;
   for (auto& unwatched : s.waits) {
-    unwatched.call->abort();
+    abortWait(unwatched.call);
   }
   for (auto& call : s.watched) {
-    call->abort();
+    abortWait(call);
   }
+  if (!s.waits.empty()) {  // ended at once, by the worker, rather than at the next look
+    startWorker(state);
+    s.wake.notify_one();
+  }
+}
+
+std::exception_ptr HostStream::waitWatched(const c10::intrusive_ptr<c10d::Work>& call) {
+  return waitWatchedOn(state_, call);
+}
+
+std::exception_ptr HostStream::waitWatchedOn(const std::shared_ptr<State>& state,
+                                             const c10::intrusive_ptr<c10d::Work>& call) {
+  State& s = *state;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.watched.push_back(call);
+    if (s.aborted) {
+      abortWait(call);
+    }
+  }
+  bool aborted = false;
+  auto failure = waitFor(call, &aborted);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.watched.erase(std::find(s.watched.begin(), s.watched.end(), call));
+  if (aborted) {
+    keepForGood(call);
+  }
+  return failure;
 }
 
 bool HostStream::helpWait() {
@@ -257,24 +319,17 @@ void HostStream::nudge(std::chrono::milliseconds grace) {
 }
 
 void HostStream::watchOldest(const std::shared_ptr<State>& state, Lock& lock) {
-  State& s = *state;
-  auto call = std::move(s.waits.front().call);
-  s.waits.pop_front();
-  s.watched.push_back(call);
-  if (s.aborted) {
-    call->abort();
-  }
+  auto call = std::move(state->waits.front().call);
+  state->waits.pop_front();
   lock.unlock();
-  auto failure = waitFor(call);
-  lock.lock();
-  s.watched.erase(std::find(s.watched.begin(), s.watched.end(), call));
-  lock.unlock();
+  auto failure = HostStream::waitWatchedOn(state, call);
   call.reset();
   completed(state, std::move(failure));
   lock.lock();
 }
 
-std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& call) {
+std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& call,
+                                       bool* aborted) {
   try {
     if (call->wait()) {
       return nullptr;
@@ -283,6 +338,9 @@ std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& cal
     return glooFailure(std::current_exception());
   }
   // Gloo's wait for a send or receive returns false once abort() ended it: it did not complete.
+  if (aborted) {
+    *aborted = true;
+  }
   return makeDistBackendError("the Gloo call was aborted (its group broke) before it completed");
 }
 

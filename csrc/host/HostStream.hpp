@@ -82,8 +82,13 @@ class HostStream {
 
   // A Gloo call's failure, a timeout as a TimeoutError (Gloo says so only in its message).
   static std::exception_ptr glooFailure(std::exception_ptr cause);
-  // Waits for a Gloo call: its failure, or null once it has completed.
-  static std::exception_ptr waitFor(const c10::intrusive_ptr<c10d::Work>& call);
+  // Waits for a Gloo call: its failure, or null once it has completed. `aborted`, where given,
+  // is set where abortCalls() ended the wait of a send or a receive.
+  static std::exception_ptr waitFor(const c10::intrusive_ptr<c10d::Work>& call,
+                                    bool* aborted = nullptr);
+  // Waits here for a call posted by an item of this stream that must see it through itself (a
+  // recv from any source learns its sender so), as abortCalls() can end: its failure, or null.
+  std::exception_ptr waitWatched(const c10::intrusive_ptr<c10d::Work>& call);
 
  private:
   enum class Holder { Free, Running, Handed };
@@ -130,6 +135,9 @@ class HostStream {
   // With the lock held and a call in `waits`: takes the oldest and waits for it on this
   // thread (without the lock), then completes it.
   static void watchOldest(const std::shared_ptr<State>& state, Lock& lock);
+  // Waits for `call` among the watched (abortCalls() ends it); an aborted one is kept for good.
+  static std::exception_ptr waitWatchedOn(const std::shared_ptr<State>& state,
+                                          const c10::intrusive_ptr<c10d::Work>& call);
 
   const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
