@@ -401,7 +401,7 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
 
 
 @pytest.mark.slow
-def test_latency_mode_reports_async_and_ping_pong_for_both_backends(tmp_path):
+def test_latency_mode_reports_each_measure_for_both_backends(tmp_path):
     report_file = tmp_path / "latency.json"
     done = run_bench("--ops", "50", "--rounds", "2", "--json", str(report_file), nproc=2,
                      timeout_s=180, cwd=tmp_path, module="streamnccl.bench.latency")  # fmt: skip
@@ -410,12 +410,15 @@ def test_latency_mode_reports_async_and_ping_pong_for_both_backends(tmp_path):
     assert document["world_size"] == 2
     results = document["results"]
     for backend in ("streamnccl", "gloo"):
+        assert results["sync"][backend]["us_per_op"] > 0
         assert results["async"][backend]["us_per_op"] > 0
+        flight = results["inflight"][backend]
+        assert 0 < flight["issue_us_per_op"] <= flight["all_done_us_per_op"]
         pingpong = results["pingpong"][backend]
         assert pingpong["us_per_round_trip"] > 0
         # Every round trip blocks the calling thread at least once, whatever the backend.
         assert pingpong["thread_switches"] >= 1 and pingpong["process_switches"] >= 1
-    for name in ("async", "pingpong"):
+    for name in ("sync", "async", "inflight", "pingpong"):
         ratio = results[name]["ratio"]
         assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
     assert "pingpong streamnccl: us_per_round_trip" in done.stdout

@@ -1,12 +1,16 @@
 """`python -m streamnccl.bench.latency [--ops N] [--bytes B] [--rounds R]`: the cost of one op's
 hand-offs between threads, streamnccl against gloo in one run.
 
-Two measures, each taken in `--rounds` rounds in which the two backends run back to back (the
+Four measures, each taken in `--rounds` rounds in which the two backends run back to back (the
 machine's drift falls on both); a round's ratio is streamnccl's time over gloo's, and the
 report gives each backend's median time, the median ratio and the ratios' range:
 
-- `async`: an async all_reduce of `--bytes` issued and waited, one at a time, `--ops` times
-  (every rank; alone it is one rank): where the op's thread hand-offs show;
+- `sync`: a sync all_reduce of `--bytes`, `--ops` times in a loop (every rank; alone it is
+  one rank): the fixed cost of an op;
+- `async`: an async all_reduce of `--bytes` issued and waited, one at a time, `--ops` times:
+  where the op's thread hand-offs show;
+- `inflight`: `--ops` async all_reduce issued at once, each on a tensor of its own, then
+  waited: the time to issue them (the first figure) and to have them all done;
 - `pingpong` (ranks 0 and 1 of two or more): `--ops` round trips of a `--bytes` `dist.send`
   and `dist.recv`, with the context switches per round trip (voluntary and not, from /proc)
   of rank 0's calling thread, of its whole process, and of its threads by name.
@@ -48,6 +52,24 @@ def switches_by_thread_name() -> dict:
     return counts
 
 
+def sync_ops(group, tensor, ops: int) -> dict:
+    start = time.perf_counter()
+    for _ in range(ops):
+        dist.all_reduce(tensor, group=group)
+    return {"us_per_op": (time.perf_counter() - start) / ops * 1e6}
+
+
+def in_flight(group, tensor, ops: int) -> dict:
+    tensors = [tensor.clone() for _ in range(ops)]
+    start = time.perf_counter()
+    works = [dist.all_reduce(t, group=group, async_op=True) for t in tensors]
+    issued = time.perf_counter()
+    for work in works:
+        work.wait()
+    return {"issue_us_per_op": (issued - start) / ops * 1e6,
+            "all_done_us_per_op": (time.perf_counter() - start) / ops * 1e6}  # fmt: skip
+
+
 def async_ops(group, tensor, ops: int) -> dict:
     start = time.perf_counter()
     for _ in range(ops):
@@ -82,7 +104,7 @@ def ping_pong(group, tensor, ops: int) -> dict:
 
 
 def measure(name, groups, tensor, ops, rounds, control) -> dict:
-    run = {"async": async_ops, "pingpong": ping_pong}[name]
+    run = {"sync": sync_ops, "async": async_ops, "inflight": in_flight, "pingpong": ping_pong}[name]
     for group in groups.values():  # warm-up: connections, lanes, the recorder's first entries
         run(group, tensor, min(ops, 200))
     return paired(lambda backend: run(groups[backend], tensor, ops), groups, rounds, control)
@@ -115,7 +137,7 @@ def main(argv=None) -> int:
     control = init_default_group()
     groups = {backend: dist.new_group(backend=backend) for backend in BACKENDS}
     tensor = torch.ones(max(args.bytes // 4, 1))
-    names = ["async"] + (["pingpong"] if dist.get_world_size() > 1 else [])
+    names = ["sync", "async", "inflight"] + (["pingpong"] if dist.get_world_size() > 1 else [])
     results = {
         name: measure(name, groups, tensor, args.ops, args.rounds, control) for name in names
     }
