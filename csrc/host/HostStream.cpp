@@ -194,6 +194,7 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
     if (completion == Completion::Wait) {
       // Waited for by whoever comes first: the op's wait(), else the worker (nudge).
       state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
+      state->anyWaits.store(true, std::memory_order_release);
       return;
     }
   }
@@ -310,6 +311,9 @@ bool HostStream::helpWait() {
 
 void HostStream::nudge(std::chrono::milliseconds grace) {
   const auto& state = state_;
+  if (!state->anyWaits.load(std::memory_order_acquire)) {
+    return;  // the common case, asked of every op in flight at every launch: no lock
+  }
   std::lock_guard<std::mutex> lock(state->mutex);
   if (!state->waits.empty() &&
       state->waits.front().since + grace <= std::chrono::steady_clock::now()) {
@@ -321,6 +325,7 @@ void HostStream::nudge(std::chrono::milliseconds grace) {
 void HostStream::watchOldest(const std::shared_ptr<State>& state, Lock& lock) {
   auto call = std::move(state->waits.front().call);
   state->waits.pop_front();
+  state->anyWaits.store(!state->waits.empty(), std::memory_order_release);
   lock.unlock();
   auto failure = HostStream::waitWatchedOn(state, call);
   call.reset();

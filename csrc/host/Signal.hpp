@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -14,7 +15,9 @@ namespace streamnccl {
 struct Signal {
   std::mutex mutex;
   std::condition_variable changed;
-  bool done = false;
+  // Written under the lock; read without it by a look (isSet()), which the watchdog makes of
+  // every op in flight at every launch.
+  std::atomic<bool> done{false};
   std::chrono::steady_clock::time_point doneAt;  // when set(): host events time ops with it
   std::vector<std::function<void()>> onSetCalls;  // run by set(), on its thread
 
@@ -43,12 +46,13 @@ struct Signal {
     }
     call();
   }
+  bool isSet() const { return done.load(std::memory_order_acquire); }
   bool waitFor(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mutex);
-    if (done || timeout.count() <= 0) {
-      return done;  // a look: a wait of no time would still cost a system call
+    if (isSet() || timeout.count() <= 0) {
+      return isSet();  // a look: a wait of no time would still cost a system call and the lock
     }
-    return changed.wait_for(lock, timeout, [&] { return done; });
+    std::unique_lock<std::mutex> lock(mutex);
+    return changed.wait_for(lock, timeout, [&] { return done.load(); });
   }
   // When set() was called, if it has been.
   std::optional<std::chrono::steady_clock::time_point> doneTime() {
@@ -57,7 +61,7 @@ struct Signal {
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mutex);
-    changed.wait(lock, [&] { return done; });
+    changed.wait(lock, [&] { return done.load(); });
   }
 };
 
