@@ -196,13 +196,13 @@ void HostCommunicator::reduce(const at::Tensor& input, const at::Tensor& output,
                               int root, c10::Stream stream) {
   refuseIfAborted();
   // Gloo may use every rank's buffer as scratch; only the root's output is ours to write.
-  std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output) : copyToScratch(input, stream)};
+  std::vector<at::Tensor> tensors{rank_ == root ? inPlace(input, output)
+                                                : copyToScratch(input, stream)};
   c10d::ReduceOptions opts;
   opts.reduceOp = toGloo(op.kind);
   opts.rootRank = root;
-  issue(stream, std::nullopt, Completion::Future, [=, this]() mutable {
-    return unobserved([&] { return gloo_->reduce(tensors, opts); });
-  });
+  issue(stream, std::nullopt, Completion::Future,
+        [=, this]() mutable { return unobserved([&] { return gloo_->reduce(tensors, opts); }); });
 }
 
 void HostCommunicator::reduceScatter(const at::Tensor& input, const at::Tensor& output,

@@ -17,8 +17,7 @@ class HostEvent final : public Event {
     if (!onStream_) {
       signal_->set();  // the caller is synchronous: what it enqueued has run
     } else {
-      device_.hostStream()->enqueue([signal = signal_] { signal->set(); },
-                                    HostStream::Kind::Quick);
+      device_.hostStream()->enqueue([signal = signal_] { signal->set(); }, HostStream::Kind::Quick);
     }
   }
 

@@ -24,7 +24,8 @@ std::unique_ptr<Path> hostPath(const c10::Device& device, const std::shared_ptr<
     auto lazy = opened.lock();
     return !waits && lazy && lazy->knownOpen(peer);
   });
-  path->communicator = std::make_shared<HostCommunicator>(gloo->get(), tag, host->hostStream(), gloo);
+  path->communicator =
+      std::make_shared<HostCommunicator>(gloo->get(), tag, host->hostStream(), gloo);
   path->device = std::move(host);
   return path;
 }

@@ -116,8 +116,7 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
       s.changed.notify_all();
       return;
     }
-    if (s.items.front().kind == Kind::MayWait &&
-        std::this_thread::get_id() != s.workerId.load()) {
+    if (s.items.front().kind == Kind::MayWait && std::this_thread::get_id() != s.workerId.load()) {
       s.holder = Holder::Handed;
       startWorker(state);
       s.wake.notify_one();
@@ -126,7 +125,7 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
     Item item = std::move(s.items.front());
     s.items.pop_front();
     lock.unlock();
-    item.run();         // an item never throws (an op's task catches what its op meets)
+    item.run();          // an item never throws (an op's task catches what its op meets)
     item.run = nullptr;  // what it held goes before the next one runs, outside the lock
     lock.lock();
   }
@@ -333,8 +332,7 @@ void HostStream::watchOldest(const std::shared_ptr<State>& state, Lock& lock) {
   lock.lock();
 }
 
-std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& call,
-                                       bool* aborted) {
+std::exception_ptr HostStream::waitFor(const c10::intrusive_ptr<c10d::Work>& call, bool* aborted) {
   try {
     if (call->wait()) {
       return nullptr;

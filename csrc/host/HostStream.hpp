@@ -110,9 +110,9 @@ class HostStream {
     std::deque<Item> items;
     Holder holder = Holder::Free;
     std::thread::id runner;
-    int pending = 0;                   // calls and signals awaited, not yet completed
-    std::exception_ptr failure;        // of the calls awaited since the last settle
-    std::deque<Unwatched> waits;  // calls without a future that no thread waits for yet
+    int pending = 0;                    // calls and signals awaited, not yet completed
+    std::exception_ptr failure;         // of the calls awaited since the last settle
+    std::deque<Unwatched> waits;        // calls without a future that no thread waits for yet
     std::atomic<bool> anyWaits{false};  // !waits.empty(), for nudge()'s look without the lock
     std::vector<c10::intrusive_ptr<c10d::Work>> watched;  // those a thread waits for now
     bool aborted = false;

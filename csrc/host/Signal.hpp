@@ -18,7 +18,7 @@ struct Signal {
   // Written under the lock; read without it by a look (isSet()), which the watchdog makes of
   // every op in flight at every launch.
   std::atomic<bool> done{false};
-  std::chrono::steady_clock::time_point doneAt;  // when set(): host events time ops with it
+  std::chrono::steady_clock::time_point doneAt;   // when set(): host events time ops with it
   std::vector<std::function<void()>> onSetCalls;  // run by set(), on its thread
 
   void set() {
