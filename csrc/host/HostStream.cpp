@@ -34,6 +34,9 @@ HostStream::~HostStream() {
     if (s.worker.joinable()) {
       s.worker.detach();
     }
+    if (!s.waits.empty()) {
+      startWorker(state_);  // detached at once: no one else may ever wait for them
+    }
     s.wake.notify_all();
     return;
   }
@@ -114,6 +117,9 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
     if (s.pending > 0 || s.items.empty()) {
       s.holder = Holder::Free;
       s.changed.notify_all();
+      if (s.stopping && s.drained()) {
+        s.wake.notify_all();  // a worker left to end once all is done (an orphaned stream's)
+      }
       return;
     }
     if (s.items.front().kind == Kind::MayWait && std::this_thread::get_id() != s.workerId.load()) {
@@ -142,6 +148,9 @@ void HostStream::completed(const std::shared_ptr<State>& state, std::exception_p
   }
   if (s.items.empty()) {
     s.changed.notify_all();
+    if (s.stopping && s.drained()) {
+      s.wake.notify_all();  // a worker left to end once all is done (an orphaned stream's)
+    }
     return;
   }
   // On a thread of Gloo's, the items run here are the group's work: their futures' callbacks
@@ -194,6 +203,10 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
       // Waited for by whoever comes first: the op's wait(), else the worker (nudge).
       state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
       state->anyWaits.store(true, std::memory_order_release);
+      if (state->aborted) {  // posted as the break aborted the others: ended at once too
+        startWorker(state);
+        state->wake.notify_one();
+      }
       return;
     }
   }
@@ -202,8 +215,9 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
     // On Gloo's thread, outside its guard: what escapes here would end the process.
     try {
       completed(state, done.hasError() ? glooFailure(done.exception_ptr()) : nullptr);
-    } catch (const std::exception& error) {
-      TORCH_WARN("streamnccl: the host stream could not go on after a Gloo call: ", error.what());
+    } catch (...) {
+      TORCH_WARN("streamnccl: the host stream could not go on after a Gloo call: ",
+                 describeException(std::current_exception()));
     }
   });
 }

@@ -26,8 +26,8 @@ struct Signal {
     std::vector<std::function<void()>> calls;
     {
       std::lock_guard<std::mutex> lock(mutex);
+      doneAt = now;  // before done: a look that sees it set finds its time
       done = true;
-      doneAt = now;
       calls = std::move(onSetCalls);
     }
     changed.notify_all();
