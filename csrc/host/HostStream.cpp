@@ -166,7 +166,9 @@ void HostStream::runInOrder(const Task& task) {
   const auto self = std::this_thread::get_id();
   if (s.holder == Holder::Running && s.runner == self) {
     // Called from an item (a future callback issuing a sync op): waiting for the queue would
-    // wait for ourselves. Inline is in order too: every rank runs it at the same point.
+    // wait for ourselves, so it runs inline. Its place among ops queued behind that item can
+    // then differ from rank to rank, as on the worker before: a callback should issue async
+    // ops, which queue in order.
     lock.unlock();
     task();
     return;
