@@ -95,6 +95,24 @@ def test_async_ops_of_one_stream_run_in_program_order(rank_pools, numel):
     rank_pools(2).run(_async_ops_in_program_order, numel)
 
 
+def _future_callbacks_see_the_result(ctx, numel):
+    # An op's future completes, and its then() callbacks run (DDP's comm hooks), once Gloo has
+    # completed the op: a callback reading the tensor finds the sum, whichever thread runs it.
+    me, n = ctx.rank, ctx.world_size
+    seen = []
+    for round_ in range(5):
+        x = torch.full((numel,), float(me + round_))
+        future = dist.all_reduce(x, async_op=True).get_future()
+        seen.append(future.then(lambda done: done.value()[0].clone()))
+    for round_, later in enumerate(seen):
+        expected = float(sum(range(n)) + n * round_)
+        assert torch.equal(later.wait(), torch.full((numel,), expected)), round_
+
+
+def test_future_callbacks_see_the_result(rank_pools):
+    rank_pools(2).run(_future_callbacks_see_the_result, 4 << 20)
+
+
 def _sends_and_receives_waited_for_by_their_callers(ctx, ops):
     # A send or a recv has no future in Gloo: a thread must wait for it. Where its caller
     # calls wait(), the caller does, as with gloo; the lanes' workers (which ran each lane's
