@@ -50,9 +50,18 @@ class HostEvent final : public Event {
     return signal_->waitFor(timeout);
   }
 
+  // Completes the stream's calls on this thread, oldest first, until the point has passed.
   bool waitHelping(std::chrono::milliseconds slice) override {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event waited for before being recorded");
-    while (onStream_ && !passed() && device_.hostStream()->helpWait()) {
+    while (onStream_ && !passed()) {
+      switch (device_.hostStream()->helpWait(slice)) {
+        case HostStream::Helped::Completed:
+          continue;
+        case HostStream::Helped::StillWaiting:
+          return passed();
+        case HostStream::Helped::Nothing:
+          return signal_->waitFor(slice);  // its calls are not posted yet, or are claimed
+      }
     }
     return signal_->waitFor(slice);
   }
@@ -107,7 +116,7 @@ void HostDevice::afterCalls(c10::Stream stream, Settle settle) {
     settle(nullptr);  // its calls were waited for: a failure was raised to the task
     return;
   }
-  internal_->afterCalls(std::move(settle).take());
+  internal_->afterCalls(std::move(settle));
 }
 
 }  // namespace streamnccl

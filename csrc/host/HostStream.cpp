@@ -198,10 +198,13 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
       completion = Completion::Wait;  // a Work of Gloo's without one (an op on no elements)
     }
   }
+  auto posted = future ? std::make_shared<Posted>() : nullptr;
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     ++state->pending;
-    if (completion == Completion::Wait) {
+    if (completion == Completion::Future) {
+      state->posted.push_back(posted);  // may be claimed by a waiter from now
+    } else {
       // Waited for by whoever comes first: the op's wait(), else the worker (nudge).
       state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
       state->anyWaits.store(true, std::memory_order_release);
@@ -213,10 +216,10 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
     }
   }
   // Run at once where it has completed already, else on the Gloo thread completing it.
-  future->addCallback([state](c10::ivalue::Future& done) {
+  future->addCallback([state, posted](c10::ivalue::Future& done) {
     // On Gloo's thread, outside its guard: what escapes here would end the process.
     try {
-      completed(state, done.hasError() ? glooFailure(done.exception_ptr()) : nullptr);
+      futureCompleted(state, posted, done.hasError() ? glooFailure(done.exception_ptr()) : nullptr);
     } catch (...) {
       TORCH_WARN("streamnccl: the host stream could not go on after a Gloo call: ",
                  describeException(std::current_exception()));
@@ -224,7 +227,31 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
   });
 }
 
-void HostStream::afterCalls(std::function<void(std::exception_ptr)> settle) {
+void HostStream::futureCompleted(const std::shared_ptr<State>& state,
+                                 const std::shared_ptr<Posted>& posted,
+                                 std::exception_ptr failure) {
+  bool claimed = false;
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    auto& all = state->posted;
+    all.erase(std::find(all.begin(), all.end(), posted));
+    claimed = posted->claimed;
+    if (claimed) {
+      posted->done = true;
+      posted->failure = std::move(failure);
+    }
+  }
+  if (!claimed) {
+    completed(state, std::move(failure));
+    return;
+  }
+  // Its waiter goes on from here on its own thread, as gloo's waiter does once Gloo's thread
+  // is done with the call: this thread's part ends with the wake, made outside the lock that
+  // the waiter takes first.
+  state->claimedDone.notify_all();
+}
+
+void HostStream::afterCalls(Settle settle) {
   const auto& state = state_;
   State& s = *state;
   Lock lock(s.mutex);
@@ -236,7 +263,7 @@ void HostStream::afterCalls(std::function<void(std::exception_ptr)> settle) {
   }
   // Next, before whatever was enqueued while this item ran: the item's own end.
   std::weak_ptr<State> weak = state;
-  s.items.push_front(Item{[weak, settle = std::move(settle)] {
+  s.items.push_front(Item{[weak, settle = std::move(settle).take()] {
                             std::exception_ptr failure;
                             if (auto held = weak.lock()) {
                               std::lock_guard<std::mutex> guard(held->mutex);
@@ -314,14 +341,34 @@ std::exception_ptr HostStream::waitWatchedOn(const std::shared_ptr<State>& state
   return failure;
 }
 
-bool HostStream::helpWait() {
+HostStream::Helped HostStream::helpWait(std::chrono::milliseconds slice) {
   const auto& state = state_;
   Lock lock(state->mutex);
-  if (state->waits.empty()) {
-    return false;
+  if (!state->waits.empty()) {
+    watchOldest(state, lock);
+    return Helped::Completed;
   }
-  watchOldest(state, lock);
-  return true;
+  return claimOldest(state, lock, slice);
+}
+
+HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, Lock& lock,
+                                           std::chrono::milliseconds slice) {
+  State& s = *state;
+  auto found = std::find_if(s.posted.begin(), s.posted.end(),
+                            [](const auto& posted) { return !posted->claimed; });
+  if (found == s.posted.end()) {
+    return Helped::Nothing;
+  }
+  const auto posted = *found;
+  posted->claimed = true;
+  if (!s.claimedDone.wait_for(lock, slice, [&] { return posted->done; })) {
+    posted->claimed = false;  // its future's callback, still to come, completes it
+    return Helped::StillWaiting;
+  }
+  lock.unlock();
+  completed(state, std::move(posted->failure));
+  lock.lock();
+  return Helped::Completed;
 }
 
 void HostStream::nudge(std::chrono::milliseconds grace) {

@@ -22,13 +22,14 @@ namespace streamnccl {
 // they were enqueued, each once the calls to Gloo that the items before it issued have
 // completed; an op's task posts its calls and returns, and its settle (Device::afterCalls) runs
 // once they are done. No thread is handed the work on the common path: an item runs on
-// whichever thread finds the stream ready, the caller that enqueues it or the Gloo thread that
-// completes the call before it. A call with no future (Gloo's sends and receives) completes
-// once a thread waits for it: the caller's wait() where one comes (helpWait), else the
-// stream's worker, woken when the call has gone unwatched for a while (nudge), or at once for
-// a waiter that will not wait in Gloo itself (a wait with a timeout, a sync op, the end). The
-// worker, made at the first need, also runs the items that may wait (a task whose peers have
-// not yet opened Gloo).
+// whichever thread finds the stream ready, the caller that enqueues it or the thread that
+// sees the call before it complete. That is the caller's wait() where one waits for it
+// (helpWait), as a waiter of gloo's own is woken by Gloo's thread and goes on, on its own
+// thread; else Gloo's thread, from the call's future; or, for a call with no future (Gloo's
+// sends and receives), the stream's worker, woken when the call has gone unwatched for a while
+// (nudge), or at once for a waiter that will not wait in Gloo itself (a wait with a timeout, a
+// sync op, the end). The worker, made at the first need, also runs the items that may wait (a
+// task whose peers have not yet opened Gloo).
 //
 // Who holds the stream (Holder, under the lock):
 //   Free    no thread runs an item. Items are queued only behind pending calls, whose
@@ -68,14 +69,17 @@ class HostStream {
   // Later items wait until `signal` is set (an event recorded on another stream).
   void enqueueWaitFor(std::shared_ptr<Signal> signal);
   // From an item running on this stream: `settle` runs next, once the calls awaited so far
-  // have completed, given the first one's failure (or null).
-  void afterCalls(std::function<void(std::exception_ptr)> settle);
+  // have completed, given the first one's failure (or null); at once where they have.
+  void afterCalls(Settle settle);
   // Ends the waits for calls without a future (Gloo's abortWaitSend/Recv): they fail. Calls
   // with a future end when Gloo's own work does.
   void abortCalls();
-  // Waits here for the oldest call without a future that no thread waits for yet, and
-  // completes it; false where there is none. A break ends the wait (abortCalls).
-  bool helpWait();
+  // Waits here for the oldest call that no thread waits for yet, and completes it (the items
+  // it held back run on this thread): Completed; Nothing where there is none. A call without
+  // a future is waited for until it completes or a break ends the wait (abortCalls); one with
+  // a future up to `slice`, then left to its future (StillWaiting).
+  enum class Helped { Nothing, Completed, StillWaiting };
+  Helped helpWait(std::chrono::milliseconds slice);
   // Wakes the worker to wait for the calls without a future that no thread has waited for
   // since `grace` ago.
   void nudge(std::chrono::milliseconds grace);
@@ -101,6 +105,13 @@ class HostStream {
     c10::intrusive_ptr<c10d::Work> call;
     std::chrono::steady_clock::time_point since;
   };
+  // A call with a future, until its future completes. A waiter that claims it completes it
+  // (it is told, and woken, by the future's callback); else the callback does.
+  struct Posted {
+    bool claimed = false;
+    bool done = false;  // the future completed while claimed, with `failure`
+    std::exception_ptr failure;
+  };
   // Shared with the worker, the calls' callbacks and whichever thread drives the stream: the
   // last owner may let go of the HostStream inside an item.
   struct State {
@@ -112,6 +123,8 @@ class HostStream {
     std::thread::id runner;
     int pending = 0;                    // calls and signals awaited, not yet completed
     std::exception_ptr failure;         // of the calls awaited since the last settle
+    std::condition_variable claimedDone;  // a claimed call's future completed (helpWait)
+    std::deque<std::shared_ptr<Posted>> posted;  // calls with a future, not yet completed
     std::deque<Unwatched> waits;        // calls without a future that no thread waits for yet
     std::atomic<bool> anyWaits{false};  // !waits.empty(), for nudge()'s look without the lock
     std::vector<c10::intrusive_ptr<c10d::Work>> watched;  // those a thread waits for now
@@ -136,6 +149,13 @@ class HostStream {
   // With the lock held and a call in `waits`: takes the oldest and waits for it on this
   // thread (without the lock), then completes it.
   static void watchOldest(const std::shared_ptr<State>& state, Lock& lock);
+  // With the lock held: claims the oldest posted call no thread has claimed, and waits up to
+  // `slice` for its future; completes it where it has completed, else lets go of the claim.
+  static Helped claimOldest(const std::shared_ptr<State>& state, Lock& lock,
+                            std::chrono::milliseconds slice);
+  // A posted call's future completed: its claimer is told, else this thread completes it.
+  static void futureCompleted(const std::shared_ptr<State>& state,
+                              const std::shared_ptr<Posted>& posted, std::exception_ptr failure);
   // Waits for `call` among the watched (abortCalls() ends it); an aborted one is kept for good.
   static std::exception_ptr waitWatchedOn(const std::shared_ptr<State>& state,
                                           const c10::intrusive_ptr<c10d::Work>& call);
