@@ -121,9 +121,9 @@ class HostStream {
     std::deque<Item> items;
     Holder holder = Holder::Free;
     std::thread::id runner;
-    int pending = 0;                    // calls and signals awaited, not yet completed
-    std::exception_ptr failure;         // of the calls awaited since the last settle
-    std::condition_variable claimedDone;  // a claimed call's future completed (helpWait)
+    int pending = 0;                             // calls and signals awaited, not yet completed
+    std::exception_ptr failure;                  // of the calls awaited since the last settle
+    std::condition_variable claimedDone;         // a claimed call's future completed (helpWait)
     std::deque<std::shared_ptr<Posted>> posted;  // calls with a future, not yet completed
     std::deque<Unwatched> waits;        // calls without a future that no thread waits for yet
     std::atomic<bool> anyWaits{false};  // !waits.empty(), for nudge()'s look without the lock
