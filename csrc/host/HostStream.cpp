@@ -235,9 +235,9 @@ void HostStream::futureCompleted(const std::shared_ptr<State>& state,
     std::lock_guard<std::mutex> lock(state->mutex);
     auto& all = state->posted;
     all.erase(std::find(all.begin(), all.end(), posted));
-    claimed = posted->claimed;
+    claimed = posted->claim == Posted::Claim::Claimed;
     if (claimed) {
-      posted->done = true;
+      posted->claim = Posted::Claim::Told;
       posted->failure = std::move(failure);
     }
   }
@@ -354,15 +354,16 @@ HostStream::Helped HostStream::helpWait(std::chrono::milliseconds slice) {
 HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, Lock& lock,
                                            std::chrono::milliseconds slice) {
   State& s = *state;
-  auto found = std::find_if(s.posted.begin(), s.posted.end(),
-                            [](const auto& posted) { return !posted->claimed; });
+  auto found = std::find_if(s.posted.begin(), s.posted.end(), [](const auto& posted) {
+    return posted->claim == Posted::Claim::Open;
+  });
   if (found == s.posted.end()) {
     return Helped::Nothing;
   }
   const auto posted = *found;
-  posted->claimed = true;
-  if (!s.claimedDone.wait_for(lock, slice, [&] { return posted->done; })) {
-    posted->claimed = false;  // its future's callback, still to come, completes it
+  posted->claim = Posted::Claim::Claimed;
+  if (!s.claimedDone.wait_for(lock, slice, [&] { return posted->claim == Posted::Claim::Told; })) {
+    posted->claim = Posted::Claim::Open;  // its future's callback, still to come, completes it
     return Helped::StillWaiting;
   }
   lock.unlock();

@@ -22,14 +22,15 @@ namespace streamnccl {
 // they were enqueued, each once the calls to Gloo that the items before it issued have
 // completed; an op's task posts its calls and returns, and its settle (Device::afterCalls) runs
 // once they are done. No thread is handed the work on the common path: an item runs on
-// whichever thread finds the stream ready, the caller that enqueues it or the thread that
-// sees the call before it complete. That is the caller's wait() where one waits for it
-// (helpWait), as a waiter of gloo's own is woken by Gloo's thread and goes on, on its own
-// thread; else Gloo's thread, from the call's future; or, for a call with no future (Gloo's
-// sends and receives), the stream's worker, woken when the call has gone unwatched for a while
-// (nudge), or at once for a waiter that will not wait in Gloo itself (a wait with a timeout, a
-// sync op, the end). The worker, made at the first need, also runs the items that may wait (a
-// task whose peers have not yet opened Gloo).
+// whichever thread finds the stream ready: the caller that enqueues it, or the thread that
+// sees the call before it complete. For a call with a future (a collective) that is a caller
+// waiting for it in wait() (helpWait), whom the future wakes, as Gloo's thread wakes a waiter
+// of gloo's own; else Gloo's thread, from the future. A call with no future (Gloo's sends and
+// receives) completes once a thread waits for it: the caller's wait() where one comes, else
+// the stream's worker, woken when the call has gone unwatched for a while (nudge), or at once
+// for a waiter that will not wait in Gloo itself (a wait with a timeout, a sync op, the end).
+// The worker, made at the first need, also runs the items that may wait (a task whose peers
+// have not yet opened Gloo).
 //
 // Who holds the stream (Holder, under the lock):
 //   Free    no thread runs an item. Items are queued only behind pending calls, whose
@@ -105,12 +106,15 @@ class HostStream {
     c10::intrusive_ptr<c10d::Work> call;
     std::chrono::steady_clock::time_point since;
   };
-  // A call with a future, until its future completes. A waiter that claims it completes it
-  // (it is told, and woken, by the future's callback); else the callback does.
+  // A call with a future, until its future completes, and who completes it (under the lock):
+  //   Open     its future's callback will: Open -> Claimed (a waiter claims it, helpWait)
+  //   Claimed  the waiter will, once told: Claimed -> Told (the future's callback tells it,
+  //            with the failure, and wakes it), or -> Open (the waiter's slice passed first)
+  //   Told     the waiter completes it on its own thread
   struct Posted {
-    bool claimed = false;
-    bool done = false;  // the future completed while claimed, with `failure`
-    std::exception_ptr failure;
+    enum class Claim { Open, Claimed, Told };
+    Claim claim = Claim::Open;
+    std::exception_ptr failure;  // once Told
   };
   // Shared with the worker, the calls' callbacks and whichever thread drives the stream: the
   // last owner may let go of the HostStream inside an item.
