@@ -224,8 +224,9 @@ LET_GO_IN_A_CALLBACK = """
 
 def test_a_group_let_go_of_in_its_ops_callback_ends_without_waiting_for_itself():
     output = run_child(LET_GO_IN_A_CALLBACK)
-    # The op completes on Gloo's thread (the host stream settles it there); where its peer
-    # had not yet opened Gloo, on the stream's worker. Either way, not on the caller's.
+    # No thread waits for rank 0's op: it completes on Gloo's thread (the host stream settles
+    # it there); where its peer had not yet opened Gloo, on the stream's worker. Either way,
+    # not on the caller's, which waits for rank 1's op on another stream.
     assert re.search(r"returned: True on \['(pt_gloo_runloop|streamnccl-host)'\]", output), output
     assert "result: [2.0, 2.0, 2.0, 2.0]" in output, output
     assert "threads left: []" in output, output

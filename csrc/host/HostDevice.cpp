@@ -50,17 +50,20 @@ class HostEvent final : public Event {
     return signal_->waitFor(timeout);
   }
 
-  // Completes the stream's calls on this thread, oldest first, until the point has passed.
+  // Completes the stream's calls on this thread, oldest first, until the point has passed or
+  // about `slice` has gone by waiting for one.
   bool waitHelping(std::chrono::milliseconds slice) override {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event waited for before being recorded");
-    while (onStream_ && !passed()) {
-      switch (device_.hostStream()->helpWait(slice)) {
+    while (onStream_) {
+      switch (device_.hostStream()->helpWait(*signal_, slice)) {
+        case HostStream::Helped::Passed:
+          return true;
         case HostStream::Helped::Completed:
           continue;
         case HostStream::Helped::StillWaiting:
           return passed();
         case HostStream::Helped::Nothing:
-          return signal_->waitFor(slice);  // its calls are not posted yet, or are claimed
+          return signal_->waitFor(slice);  // another thread completes its calls
       }
     }
     return signal_->waitFor(slice);

@@ -201,12 +201,14 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
   auto posted = future ? std::make_shared<Posted>() : nullptr;
   {
     std::lock_guard<std::mutex> lock(state->mutex);
-    ++state->pending;
+    // Each pushed before it is counted: a push that throws leaves no count nothing ends.
     if (completion == Completion::Future) {
       state->posted.push_back(posted);  // may be claimed by a waiter from now
+      ++state->pending;
     } else {
       // Waited for by whoever comes first: the op's wait(), else the worker (nudge).
       state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
+      ++state->pending;
       state->anyWaits.store(true, std::memory_order_release);
       if (state->aborted) {  // posted as the break aborted the others: ended at once too
         startWorker(state);
@@ -215,7 +217,8 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
       return;
     }
   }
-  // Run at once where it has completed already, else on the Gloo thread completing it.
+  // Runs at once where the call has completed already (on this item's thread), else on the
+  // Gloo thread completing it.
   future->addCallback([state, posted](c10::ivalue::Future& done) {
     // On Gloo's thread, outside its guard: what escapes here would end the process.
     try {
@@ -238,7 +241,9 @@ void HostStream::futureCompleted(const std::shared_ptr<State>& state,
     claimed = posted->claim == Posted::Claim::Claimed;
     if (claimed) {
       posted->claim = Posted::Claim::Told;
-      posted->failure = std::move(failure);
+      if (failure && !state->failure) {
+        state->failure = std::move(failure);  // now, so that the first to fail stays the first
+      }
     }
   }
   if (!claimed) {
@@ -261,9 +266,14 @@ void HostStream::afterCalls(Settle settle) {
     settle(failure);
     return;
   }
+  // Kept without the lock, which the calls' completions take: this item holds the stream, so
+  // nothing runs ahead of the settle meanwhile.
+  lock.unlock();
+  auto kept = std::move(settle).take();
+  lock.lock();
   // Next, before whatever was enqueued while this item ran: the item's own end.
   std::weak_ptr<State> weak = state;
-  s.items.push_front(Item{[weak, settle = std::move(settle).take()] {
+  s.items.push_front(Item{[weak, settle = std::move(kept)] {
                             std::exception_ptr failure;
                             if (auto held = weak.lock()) {
                               std::lock_guard<std::mutex> guard(held->mutex);
@@ -341,9 +351,14 @@ std::exception_ptr HostStream::waitWatchedOn(const std::shared_ptr<State>& state
   return failure;
 }
 
-HostStream::Helped HostStream::helpWait(std::chrono::milliseconds slice) {
-  const auto& state = state_;
+HostStream::Helped HostStream::helpWait(const Signal& point, std::chrono::milliseconds slice) {
+  const auto state = state_;
   Lock lock(state->mutex);
+  if (point.isSet()) {
+    // Looked at under the lock: a later op's calls are posted only after its point is set and
+    // the stream's next item taken under this lock, so none of them is claimed for it.
+    return Helped::Passed;
+  }
   if (!state->waits.empty()) {
     watchOldest(state, lock);
     return Helped::Completed;
@@ -367,7 +382,7 @@ HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, 
     return Helped::StillWaiting;
   }
   lock.unlock();
-  completed(state, std::move(posted->failure));
+  completed(state, nullptr);  // its failure was recorded when it was told
   lock.lock();
   return Helped::Completed;
 }

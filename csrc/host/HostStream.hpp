@@ -24,12 +24,12 @@ namespace streamnccl {
 // once they are done. No thread is handed the work on the common path: an item runs on
 // whichever thread finds the stream ready: the caller that enqueues it, or the thread that
 // sees the call before it complete. For a call with a future (a collective) that is a caller
-// waiting for it in wait() (helpWait), whom the future wakes, as Gloo's thread wakes a waiter
-// of gloo's own; else Gloo's thread, from the future. A call with no future (Gloo's sends and
-// receives) completes once a thread waits for it: the caller's wait() where one comes, else
-// the stream's worker, woken when the call has gone unwatched for a while (nudge), or at once
-// for a waiter that will not wait in Gloo itself (a wait with a timeout, a sync op, the end).
-// The worker, made at the first need, also runs the items that may wait (a task whose peers
+// in a plain wait() on an op of this stream (helpWait), whom the future wakes, as Gloo's
+// thread wakes a waiter of gloo's own; else Gloo's thread, from the future. A call with no future
+// (Gloo's sends and receives) completes once a thread waits for it: the caller's wait() where one
+// comes, else the stream's worker, woken when the call has gone unwatched for a while (nudge), or
+// at once for a waiter that will not wait in Gloo itself (a wait with a timeout, a sync op, the
+// end). The worker, made at the first need, also runs the items that may wait (a task whose peers
 // have not yet opened Gloo).
 //
 // Who holds the stream (Holder, under the lock):
@@ -75,12 +75,15 @@ class HostStream {
   // Ends the waits for calls without a future (Gloo's abortWaitSend/Recv): they fail. Calls
   // with a future end when Gloo's own work does.
   void abortCalls();
-  // Waits here for the oldest call that no thread waits for yet, and completes it (the items
-  // it held back run on this thread): Completed; Nothing where there is none. A call without
-  // a future is waited for until it completes or a break ends the wait (abortCalls); one with
-  // a future up to `slice`, then left to its future (StillWaiting).
-  enum class Helped { Nothing, Completed, StillWaiting };
-  Helped helpWait(std::chrono::milliseconds slice);
+  // For a waiter until `point` (an event recorded on this stream) has passed: Passed where it
+  // has. Else waits here for a call that no thread waits for yet and completes it (the items
+  // it held back run on this thread): Completed. That is the oldest call without a future,
+  // waited for until it completes or a break ends the wait (abortCalls); else the oldest with
+  // a future, waited for up to `slice`, then left to its future (StillWaiting). Nothing where
+  // there is no such call: the point's calls are not posted yet (the stream waits for another
+  // stream, or the worker runs it), or another waiter has them.
+  enum class Helped { Passed, Nothing, Completed, StillWaiting };
+  Helped helpWait(const Signal& point, std::chrono::milliseconds slice);
   // Wakes the worker to wait for the calls without a future that no thread has waited for
   // since `grace` ago.
   void nudge(std::chrono::milliseconds grace);
@@ -108,13 +111,12 @@ class HostStream {
   };
   // A call with a future, until its future completes, and who completes it (under the lock):
   //   Open     its future's callback will: Open -> Claimed (a waiter claims it, helpWait)
-  //   Claimed  the waiter will, once told: Claimed -> Told (the future's callback tells it,
-  //            with the failure, and wakes it), or -> Open (the waiter's slice passed first)
+  //   Claimed  the waiter will, once told: Claimed -> Told (the future's callback records its
+  //            failure and wakes it), or -> Open (the waiter's slice passed first)
   //   Told     the waiter completes it on its own thread
   struct Posted {
     enum class Claim { Open, Claimed, Told };
     Claim claim = Claim::Open;
-    std::exception_ptr failure;  // once Told
   };
   // Shared with the worker, the calls' callbacks and whichever thread drives the stream: the
   // last owner may let go of the HostStream inside an item.
