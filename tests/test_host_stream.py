@@ -1,8 +1,8 @@
 """The host path's internal stream (csrc/host/HostStream.hpp): an async op posts its calls to
-Gloo from its caller and completes from Gloo's side, so a group whose ops post at once has no
-thread of its own; the ops of one stream still run in program order, one after the other, as
-on a CUDA stream; a send or a receive is waited for by its caller's wait(), else by the
-stream's named worker, and a break ends that wait at once."""
+Gloo from its caller and completes from Gloo's side or in its waiter's wait(), so a group whose
+ops post at once has no thread of its own; the ops of one stream still run in program order,
+one after the other, as on a CUDA stream; a send or a receive is waited for by its caller's
+wait(), else by the stream's named worker, and a break ends that wait at once."""
 
 import glob
 import sys
@@ -111,6 +111,39 @@ def _future_callbacks_see_the_result(ctx, numel):
 
 def test_future_callbacks_see_the_result(rank_pools):
     rank_pools(2).run(_future_callbacks_see_the_result, 4 << 20)
+
+
+def _waiters_complete_their_ops(ctx, rounds):
+    # A caller in wait() completes the op it waits for on its own thread (the call's future
+    # wakes it, HostStream::helpWait). Two threads wait for two ops of one stream at once, each
+    # claiming a call; every fourth round rank 1 comes 30 ms late, so rank 0's waits outlast
+    # their 10 ms slices and give their claims back. Results and callbacks in closed form.
+    import threading
+
+    me, n = ctx.rank, ctx.world_size
+    for round_ in range(rounds):
+        a = torch.full((256,), float(me + round_))
+        b = torch.full((256,), float(2 * me + round_))
+        if me == 1 and round_ % 4 == 0:
+            time.sleep(0.03)  # not a wait for anything: rank 0's waits run long
+        first = dist.all_reduce(a, async_op=True)
+        second = dist.all_reduce(b, async_op=True)
+        seen = second.get_future().then(lambda done: done.value()[0].clone())
+        waited = []
+        other = threading.Thread(target=lambda work, out: out.append(work.wait()),
+                                 args=(second, waited))  # fmt: skip
+        other.start()
+        first.wait()
+        other.join(timeout=60)
+        assert waited == [True], (round_, waited)
+        assert torch.equal(a, torch.full((256,), float(sum(range(n)) + n * round_))), round_
+        expected_b = torch.full((256,), float(n * (n - 1) + n * round_))
+        assert torch.equal(b, expected_b), round_
+        assert torch.equal(seen.wait(), expected_b), round_
+
+
+def test_waiters_complete_their_ops(rank_pools):
+    rank_pools(2).run(_waiters_complete_their_ops, 40)
 
 
 def _sends_and_receives_waited_for_by_their_callers(ctx, ops):
