@@ -146,6 +146,32 @@ def test_waiters_complete_their_ops(rank_pools):
     rank_pools(2).run(_waiters_complete_their_ops, 40)
 
 
+def _a_waited_op_has_its_future_done(ctx, rounds):
+    # The thread that settles an op wakes its future's waiters (DDP's reducer) and sets its end
+    # once it has let go of the stream (host/Wakes.hpp), in that order: a wait() that returns
+    # finds the op's future done, with the result, as with gloo. Waited three ways: by wait(),
+    # which settles the op itself; by wait(timeout), which sleeps while Gloo's thread settles
+    # it; and by the future alone, with a later op's wait() (which may settle both).
+    me, n = ctx.rank, ctx.world_size
+    for round_ in range(rounds):
+        x = torch.full((64,), float(me + round_))
+        work = dist.all_reduce(x, async_op=True)
+        future = work.get_future()
+        expected = torch.full((64,), float(sum(range(n)) + n * round_))
+        if round_ % 3 == 0:
+            work.wait()
+        elif round_ % 3 == 1:
+            work.wait(timedelta(seconds=60))
+        else:
+            dist.all_reduce(torch.ones(1), async_op=True).wait()
+        assert future.done(), round_
+        assert torch.equal(future.value()[0], expected), round_
+
+
+def test_a_waited_op_has_its_future_done(rank_pools):
+    rank_pools(2).run(_a_waited_op_has_its_future_done, 300)
+
+
 def _sends_and_receives_waited_for_by_their_callers(ctx, ops):
     # A send or a recv has no future in Gloo: a thread must wait for it. Where its caller
     # calls wait(), the caller does, as with gloo; the lanes' workers (which ran each lane's

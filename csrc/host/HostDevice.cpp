@@ -1,6 +1,7 @@
 #include "host/HostDevice.hpp"
 
 #include "host/Signal.hpp"
+#include "host/Wakes.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -17,7 +18,10 @@ class HostEvent final : public Event {
     if (!onStream_) {
       signal_->set();  // the caller is synchronous: what it enqueued has run
     } else {
-      device_.hostStream()->enqueue([signal = signal_] { signal->set(); }, HostStream::Kind::Quick);
+      // Set once the thread running the stream has let go of it, after the futures its
+      // settles completed: a wait() that sees the point passed finds the op's future done.
+      device_.hostStream()->enqueue(
+          [signal = signal_] { Wakes::make([signal] { signal->set(); }); }, HostStream::Kind::Mark);
     }
   }
 
@@ -112,6 +116,10 @@ void HostDevice::enqueue(c10::Stream stream, Task task) {
   }
   internal_->enqueue(std::move(task).take(),
                      postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
+}
+
+void HostDevice::completeFuture(std::function<void()> completion) {
+  Wakes::make(std::move(completion));
 }
 
 void HostDevice::afterCalls(c10::Stream stream, Settle settle) {
