@@ -147,9 +147,9 @@ def test_waiters_complete_their_ops(rank_pools):
 
 
 def _a_waited_op_has_its_future_done(ctx, rounds):
-    # The thread that settles an op wakes its future's waiters (DDP's reducer) and sets its end
-    # once it has let go of the stream (host/Wakes.hpp), in that order: a wait() that returns
-    # finds the op's future done, with the result, as with gloo. Waited three ways: by wait(),
+    # An op's settle completes its future (waking DDP's reducer) before the stream sets the
+    # op's end: a wait() that returns finds the op's future done, with the result, as with
+    # gloo, whichever thread settled it. Waited three ways: by wait(),
     # which settles the op itself; by wait(timeout), which sleeps while Gloo's thread settles
     # it; and by the future alone, with a later op's wait() (which may settle both).
     me, n = ctx.rank, ctx.world_size

@@ -134,11 +134,6 @@ class Device {
   // ordered after the op on the device's streams (c10::ivalue::Future records its events
   // there). None where the future's completion means the data is ready (the host).
   virtual std::vector<c10::Device> futureDevices() const { return {}; }
-  // Runs `completion`, which completes an op's future (waking its waiters and running its
-  // callbacks), from the op's settle or failure: at once. A device whose streams are driven
-  // by the threads that settle ops (the host) may hold it until that thread has let go of the
-  // stream, so that the wake is its last act (host/Wakes.hpp).
-  virtual void completeFuture(std::function<void()> completion) { completion(); }
   // A future completed with `value` now, for an op that settled before it was asked for:
   // its device events (where futureDevices() names some) follow `end`, the op's end event,
   // and nothing issued after it, as if the op's task had completed it.

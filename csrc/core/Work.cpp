@@ -45,11 +45,7 @@ void Work::succeed() {
   // Outside the lock: completing runs the future's callbacks. One made completed by a
   // getFuture() that saw this op settled is left as it is.
   if (future && !future->completed()) {
-    device_->completeFuture([future, value = c10::IValue(outputs_)] {
-      if (!future->completed()) {
-        future->markCompleted(value);
-      }
-    });
+    future->markCompleted(c10::IValue(outputs_));
   }
 }
 
@@ -74,11 +70,7 @@ void Work::fail(std::exception_ptr cause) {
     future = future_;
   }
   if (future) {
-    device_->completeFuture([future, error] {
-      if (!future->completed()) {
-        future->setError(error);
-      }
-    });
+    future->setError(error);
   }
 }
 

@@ -1,7 +1,6 @@
 #include "host/HostDevice.hpp"
 
 #include "host/Signal.hpp"
-#include "host/Wakes.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -18,10 +17,7 @@ class HostEvent final : public Event {
     if (!onStream_) {
       signal_->set();  // the caller is synchronous: what it enqueued has run
     } else {
-      // Set once the thread running the stream has let go of it, after the futures its
-      // settles completed: a wait() that sees the point passed finds the op's future done.
-      device_.hostStream()->enqueue(
-          [signal = signal_] { Wakes::make([signal] { signal->set(); }); }, HostStream::Kind::Mark);
+      device_.hostStream()->enqueue([signal = signal_] { signal->set(); }, HostStream::Kind::Quick);
     }
   }
 
@@ -116,10 +112,6 @@ void HostDevice::enqueue(c10::Stream stream, Task task) {
   }
   internal_->enqueue(std::move(task).take(),
                      postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
-}
-
-void HostDevice::completeFuture(std::function<void()> completion) {
-  Wakes::make(std::move(completion));
 }
 
 void HostDevice::afterCalls(c10::Stream stream, Settle settle) {

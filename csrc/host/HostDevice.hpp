@@ -31,8 +31,6 @@ class HostDevice final : public Device {
   void enqueue(c10::Stream stream, Task task) override;
   void afterCalls(c10::Stream stream, Settle settle) override;
   bool joinBlocksCaller() const override { return true; }
-  // Once the thread settling the op has let go of its stream (Wakes).
-  void completeFuture(std::function<void()> completion) override;
 
   // The internal stream, where the communicator's calls on it are awaited.
   const std::shared_ptr<HostStream>& hostStream() const { return internal_; }

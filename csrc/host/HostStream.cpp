@@ -2,7 +2,6 @@
 
 #include "core/Errors.hpp"
 #include "core/GroupThreads.hpp"
-#include "host/Wakes.hpp"
 
 #include <c10/util/Exception.h>
 #include <c10/util/thread_name.h>
@@ -74,7 +73,6 @@ void HostStream::startWorker(const std::shared_ptr<State>& state) {
 void HostStream::enqueue(std::function<void()> item, Kind kind) {
   const auto& state = state_;
   State& s = *state;
-  Wakes wakes;  // made once the lock is let go of: this thread may drive the stream
   Lock lock(s.mutex);
   s.items.push_back(Item{std::move(item), kind});
   if (s.holder == Holder::Free && s.pending == 0 && s.items.size() == 1) {
@@ -133,9 +131,6 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
     Item item = std::move(s.items.front());
     s.items.pop_front();
     lock.unlock();
-    if (item.kind != Kind::Mark) {
-      Wakes::makeHeld();  // an item may wait (Gloo, its peers): no earlier waiter is held
-    }
     item.run();          // an item never throws (an op's task catches what its op meets)
     item.run = nullptr;  // what it held goes before the next one runs, outside the lock
     lock.lock();
@@ -144,11 +139,6 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
 
 void HostStream::completed(const std::shared_ptr<State>& state, std::exception_ptr failure) {
   State& s = *state;
-  // On a thread of Gloo's, the items run here and the wakes made after are the group's work:
-  // their futures' callbacks may let go of the group, whose teardown must then not run on
-  // this thread.
-  GroupThreadScope groupWork;
-  Wakes wakes;  // made once the lock is let go of: this thread may drive the stream
   Lock lock(s.mutex);
   if (failure && !s.failure) {
     s.failure = std::move(failure);
@@ -163,13 +153,15 @@ void HostStream::completed(const std::shared_ptr<State>& state, std::exception_p
     }
     return;
   }
+  // On a thread of Gloo's, the items run here are the group's work: their futures' callbacks
+  // may let go of the group, whose teardown must then not run on this thread.
+  GroupThreadScope groupWork;
   take(state, lock);
 }
 
 void HostStream::runInOrder(const Task& task) {
   const auto& state = state_;
   State& s = *state;
-  Wakes wakes;  // made once the lock is let go of, before the sync op returns
   Lock lock(s.mutex);
   const auto self = std::this_thread::get_id();
   if (s.holder == Holder::Running && s.runner == self) {
@@ -448,11 +440,7 @@ void HostStream::workerLoop(const std::shared_ptr<State>& state) {
     if (s.holder == Holder::Handed) {
       s.holder = Holder::Running;
       s.runner = std::this_thread::get_id();
-      Wakes wakes;
       drive(state, lock);
-      lock.unlock();
-      wakes.deliver();
-      lock.lock();
       continue;
     }
     return;  // stopping, and all done

@@ -44,9 +44,7 @@ namespace streamnccl {
 class HostStream {
  public:
   enum class Kind {
-    Quick,    // never waits: runs on any thread (posts, kernels, settles)
-    Mark,     // sets a signal (an event's point) and nothing else: runs on any thread, with
-              // the wakes the items before it made still held (Wakes)
+    Quick,    // never waits: runs on any thread (posts, kernels, signals)
     MayWait,  // may wait (for peers to open Gloo): runs on the worker alone
   };
 
