@@ -54,7 +54,10 @@ class HostEvent final : public Event {
   // about `slice` has gone by waiting for one.
   bool waitHelping(std::chrono::milliseconds slice) override {
     TORCH_INTERNAL_ASSERT(signal_, "streamnccl: host event waited for before being recorded");
-    while (onStream_) {
+    if (!onStream_) {
+      return signal_->waitFor(slice);
+    }
+    while (true) {
       switch (device_.hostStream()->helpWait(*signal_, slice)) {
         case HostStream::Helped::Passed:
           return true;
@@ -66,7 +69,6 @@ class HostEvent final : public Event {
           return signal_->waitFor(slice);  // another thread completes its calls
       }
     }
-    return signal_->waitFor(slice);
   }
 
   // Wall time between the two points passing: every host event keeps its time.

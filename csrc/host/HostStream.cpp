@@ -111,15 +111,19 @@ void HostStream::take(const std::shared_ptr<State>& state, Lock& lock) {
   drive(state, lock);
 }
 
+void HostStream::wentFree(State& s) {
+  s.changed.notify_all();
+  if (s.stopping && s.drained()) {
+    s.wake.notify_all();  // a worker left to end once all is done (an orphaned stream's)
+  }
+}
+
 void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
   State& s = *state;
   while (true) {
     if (s.pending > 0 || s.items.empty()) {
       s.holder = Holder::Free;
-      s.changed.notify_all();
-      if (s.stopping && s.drained()) {
-        s.wake.notify_all();  // a worker left to end once all is done (an orphaned stream's)
-      }
+      wentFree(s);
       return;
     }
     if (s.items.front().kind == Kind::MayWait && std::this_thread::get_id() != s.workerId.load()) {
@@ -147,10 +151,7 @@ void HostStream::completed(const std::shared_ptr<State>& state, std::exception_p
     return;  // the thread running the stream's items sees it at its next look
   }
   if (s.items.empty()) {
-    s.changed.notify_all();
-    if (s.stopping && s.drained()) {
-      s.wake.notify_all();  // a worker left to end once all is done (an orphaned stream's)
-    }
+    wentFree(s);
     return;
   }
   // On a thread of Gloo's, the items run here are the group's work: their futures' callbacks
@@ -201,7 +202,7 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
   auto posted = future ? std::make_shared<Posted>() : nullptr;
   {
     std::lock_guard<std::mutex> lock(state->mutex);
-    // Each pushed before it is counted: a push that throws leaves no count nothing ends.
+    // Pushed before it is counted: a push that throws leaves no count that nothing ends.
     if (completion == Completion::Future) {
       state->posted.push_back(posted);  // may be claimed by a waiter from now
       ++state->pending;

@@ -144,6 +144,9 @@ class HostStream {
   };
   using Lock = std::unique_lock<std::mutex>;
 
+  // With the lock held, the stream Free and nothing queued or only behind pending calls: wakes
+  // whoever waits for that (runInOrder, the destructor, an orphaned stream's worker).
+  static void wentFree(State& s);
   // With the stream held by this thread (Running): runs items until it must let go.
   static void drive(const std::shared_ptr<State>& state, Lock& lock);
   // A call or signal awaited has completed, with `failure` (a call's) or none.
