@@ -4,13 +4,13 @@ ops post at once has no thread of its own; the ops of one stream still run in pr
 one after the other, as on a CUDA stream; a send or a receive is waited for by its caller's
 wait(), else by the stream's named worker, and a break ends that wait at once."""
 
-import glob
 import sys
 import time
 from datetime import timedelta
 
 import pytest
 import streamnccl
+import threads
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
@@ -23,12 +23,11 @@ pytestmark = pytest.mark.skipif(
 def threads_named(name):
     """{thread: voluntary context switches so far} of this process's threads called `name`."""
     found = {}
-    for task in glob.glob("/proc/self/task/*"):
+    for task, its_name in threads.named().items():
+        if its_name != name:
+            continue
         try:
-            with open(f"{task}/comm") as comm:
-                if comm.read().strip() != name:
-                    continue
-            with open(f"{task}/status") as status:
+            with open(f"/proc/self/task/{task}/status") as status:
                 for line in status:
                     if line.startswith("voluntary_ctxt_switches:"):
                         found[task] = int(line.split()[1])

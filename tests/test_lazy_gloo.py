@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 import streamnccl
+import threads
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
@@ -28,18 +29,14 @@ def _sockets():
     return count
 
 
-def _threads():
-    return len(os.listdir("/proc/self/task"))
-
-
 def _unused_groups_then_one_op(ctx):
-    before = (_sockets(), _threads())
+    before = (_sockets(), threads.count())
     groups = [dist.new_group(backend="streamnccl") for _ in range(GROUPS)]
-    made = (_sockets(), _threads())
+    made = (_sockets(), threads.count())
     x = torch.full((3,), float(ctx.rank))
     dist.all_reduce(x, group=groups[-1])
     assert torch.equal(x, torch.full((3,), float(sum(range(ctx.world_size)))))
-    used = (_sockets(), _threads())
+    used = (_sockets(), threads.count())
     for group in groups:
         dist.destroy_process_group(group)
     return before, made, used
@@ -47,12 +44,12 @@ def _unused_groups_then_one_op(ctx):
 
 @pytest.mark.parametrize("world_size", [2])
 def test_unused_groups_open_no_gloo_and_a_cpu_op_on_one_still_works(rank_pools, world_size):
-    for (sockets, threads), (made_sockets, made_threads), (used_sockets, _) in rank_pools(
+    for (sockets, threads_then), (made_sockets, made_threads), (used_sockets, _) in rank_pools(
         world_size
     ).run(_unused_groups_then_one_op):
         assert made_sockets == sockets, "groups never used opened sockets"
         # Each group's watchdog (and slack); Gloo would add its device loop and worker each.
-        assert made_threads - threads < 2 * GROUPS, (threads, made_threads)
+        assert made_threads - threads_then < 2 * GROUPS, (threads_then, made_threads)
         assert used_sockets > made_sockets, "the first CPU op opened no Gloo (nothing measured)"
 
 

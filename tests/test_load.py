@@ -4,6 +4,7 @@ group destroyed with work in flight leaves no thread or file descriptor behind."
 import os
 
 import pytest
+import threads
 import torch
 import torch.distributed as dist
 
@@ -11,10 +12,6 @@ import torch.distributed as dist
 def resident_mib():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def thread_count():
-    return len(os.listdir("/proc/self/task"))
 
 
 def fd_count():
@@ -70,11 +67,11 @@ def test_a_thousand_async_ops_in_flight(rank_pools, world_size):
 
 def _teardown_with_work_in_flight(ctx):
     n, me = ctx.world_size, ctx.rank
-    threads = fds = None
+    threads_then = fds_then = None
     for round_ in range(4):
         if round_ == 1:  # the first round starts what a process starts once (thread pools)
             dist.barrier()
-            threads, fds = thread_count(), fd_count()
+            threads_then, fds_then = threads.count(), fd_count()
         group = dist.new_group(backend="streamnccl")
         works = [
             dist.all_reduce(torch.full((16,), float(me)), group=group, async_op=True)
@@ -87,7 +84,7 @@ def _teardown_with_work_in_flight(ctx):
         dist.destroy_process_group(group)
         del works, pending, group  # what the caller still holds goes too
     dist.barrier()
-    return thread_count() - threads, fd_count() - fds
+    return threads.count() - threads_then, fd_count() - fds_then
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

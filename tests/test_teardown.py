@@ -131,15 +131,9 @@ def two_host_groups(timeout, gloo_timeout=None):
 
 def group_threads(with_ids=False):
     """The names of this process's threads that streamnccl's groups run (with their ids)."""
-    import os
+    import threads
 
-    found = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                found.append((comm.read().strip(), task))
-        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
-            continue
+    found = [(name, task) for task, name in threads.named().items()]
     found = [(name, task) for name, task in found if name.startswith("streamnccl")]
     return found if with_ids else [name for name, _ in found]
 
