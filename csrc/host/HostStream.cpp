@@ -144,9 +144,7 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
 void HostStream::completed(const std::shared_ptr<State>& state, std::exception_ptr failure) {
   State& s = *state;
   Lock lock(s.mutex);
-  if (failure && !s.failure) {
-    s.failure = std::move(failure);
-  }
+  s.keepFirst(std::move(failure));
   if (--s.pending > 0 || s.holder != Holder::Free) {
     return;  // the thread running the stream's items sees it at its next look
   }
@@ -242,9 +240,7 @@ void HostStream::futureCompleted(const std::shared_ptr<State>& state,
     claimed = posted->claim == Posted::Claim::Claimed;
     if (claimed) {
       posted->claim = Posted::Claim::Told;
-      if (failure && !state->failure) {
-        state->failure = std::move(failure);  // now, so that the first to fail stays the first
-      }
+      state->keepFirst(std::move(failure));  // now, so that the first to fail stays the first
     }
   }
   if (!claimed) {

@@ -141,6 +141,12 @@ class HostStream {
     std::atomic<std::thread::id> workerId{};
 
     bool drained() const { return holder == Holder::Free && items.empty() && pending == 0; }
+    // Under the lock: the first of the calls' failures since the last settle is the one kept.
+    void keepFirst(std::exception_ptr failed) {
+      if (failed && !failure) {
+        failure = std::move(failed);
+      }
+    }
   };
   using Lock = std::unique_lock<std::mutex>;
 
