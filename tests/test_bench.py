@@ -403,8 +403,10 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
 @pytest.mark.slow
 def test_latency_mode_reports_each_measure_for_both_backends(tmp_path):
     report_file = tmp_path / "latency.json"
-    done = run_bench("--ops", "50", "--rounds", "2", "--json", str(report_file), nproc=2,
-                     timeout_s=180, cwd=tmp_path, module="streamnccl.bench.latency")  # fmt: skip
+    pad_us = 1000.0
+    done = run_bench("--ops", "50", "--rounds", "2", "--pad-us", str(pad_us), "--json",
+                     str(report_file), nproc=2, timeout_s=180, cwd=tmp_path,
+                     module="streamnccl.bench.latency")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     document = json.loads(report_file.read_text())
     assert document["world_size"] == 2
@@ -412,15 +414,23 @@ def test_latency_mode_reports_each_measure_for_both_backends(tmp_path):
     for backend in ("streamnccl", "gloo"):
         assert results["sync"][backend]["us_per_op"] > 0
         assert results["async"][backend]["us_per_op"] > 0
+        assert results["future"][backend]["us_per_op"] > 0
         flight = results["inflight"][backend]
         assert 0 < flight["issue_us_per_op"] <= flight["all_done_us_per_op"]
         pingpong = results["pingpong"][backend]
         assert pingpong["us_per_round_trip"] > 0
+        assert 0 < pingpong["thread_cpu_us"]
         # Every round trip blocks the calling thread at least once, whatever the backend.
         assert pingpong["thread_switches"] >= 1 and pingpong["process_switches"] >= 1
-    for name in ("sync", "async", "inflight", "pingpong"):
+    # The padded gloo spends at least its two pads of a round trip on each rank.
+    padded = results["pingpong"]["gloo+pad"]
+    assert padded["us_per_round_trip"] >= 2 * pad_us
+    assert padded["us_per_round_trip"] > results["pingpong"]["gloo"]["us_per_round_trip"]
+    for name in ("sync", "async", "future", "inflight", "pingpong"):
         ratio = results[name]["ratio"]
         assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+    assert results["pingpong"]["pad_ratio"]["min"] > 1
+    assert "pad_ratio" not in results["sync"]
     assert "pingpong streamnccl: us_per_round_trip" in done.stdout
 
 
