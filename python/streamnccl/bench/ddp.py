@@ -70,8 +70,8 @@ def main(argv=None) -> int:
     trainers = {backend: Trainer(group, args.width, batches) for backend, group in groups.items()}
     for trainer in trainers.values():  # warm-up: DDP's first iteration builds its buckets
         trainer.train(min(args.steps, 5))
-    result = paired(lambda backend: trainers[backend].train(args.steps), BACKENDS, args.rounds,
-                    control)  # fmt: skip
+    runs = {backend: lambda t=trainer: t.train(args.steps) for backend, trainer in trainers.items()}
+    result = paired(runs, args.rounds, control)
     difference = (trainers["streamnccl"].parameters() - trainers["gloo"].parameters()).abs()
     result["max_param_difference"] = float(difference.max())
     if dist.get_rank() == 0:
