@@ -400,6 +400,15 @@ def test_scale_mode_reports_every_measure_for_both_backends(tmp_path):
         assert f"{backend} subgroups: make_ms" in done.stdout
 
 
+def test_latency_mode_refuses_a_negative_pad_before_anything_runs(capsys):
+    from streamnccl.bench import latency
+
+    with pytest.raises(SystemExit):
+        latency.main(["--pad-us", "-1"])
+    assert "--pad-us must be 0 or more" in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
 @pytest.mark.slow
 def test_latency_mode_reports_each_measure_for_both_backends(tmp_path):
     report_file = tmp_path / "latency.json"

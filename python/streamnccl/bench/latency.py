@@ -23,6 +23,7 @@ report gives each backend's median time, the median ratio and the ratios' range:
 Rank 0 prints one line per measure and backend, then the ratio; with --json writes them.
 """
 
+import functools
 import os
 import statistics
 import sys
@@ -135,7 +136,8 @@ def measure(name, groups, tensor, ops, rounds, control, pad_us=0.0) -> dict:
         contenders["gloo+pad"] = lambda n: ping_pong(groups["gloo"], tensor, n, pad_us)
     for contender in contenders.values():  # warm-up: connections, lanes, the recorder's entries
         contender(min(ops, 200))
-    return paired({who: lambda c=c: c(ops) for who, c in contenders.items()}, rounds, control)
+    timed = {who: functools.partial(contender, ops) for who, contender in contenders.items()}
+    return paired(timed, rounds, control)
 
 
 def ratios(samples: dict, over: str, under: str, key: str) -> dict:
@@ -178,6 +180,8 @@ def main(argv=None) -> int:
         help="pingpong: also gloo with P µs of busy CPU before each op",
     )
     args = parser.parse_args(argv)
+    if args.pad_us < 0:
+        parser.error(f"--pad-us must be 0 or more, not {args.pad_us}")
     control = init_default_group()
     groups = {backend: dist.new_group(backend=backend) for backend in BACKENDS}
     tensor = torch.ones(max(args.bytes // 4, 1))
