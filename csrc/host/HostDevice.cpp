@@ -12,13 +12,13 @@ class HostEvent final : public Event {
   explicit HostEvent(HostDevice& device) : device_(device) {}
 
   void record(c10::Stream stream) override {
-    signal_ = std::make_shared<Signal>();
     onStream_ = stream.id() != HostDevice::kCallerStream;
     if (!onStream_) {
-      signal_->set();  // the caller is synchronous: what it enqueued has run
-    } else {
-      device_.hostStream()->enqueue([signal = signal_] { signal->set(); }, HostStream::Kind::Quick);
+      signal_ = Signal::alreadySet();  // the caller is synchronous: what it enqueued has run
+      return;
     }
+    signal_ = std::make_shared<Signal>();
+    device_.hostStream()->enqueue([signal = signal_] { signal->set(); }, HostStream::Kind::Quick);
   }
 
   void block(c10::Stream stream) override {
@@ -112,7 +112,7 @@ void HostDevice::enqueue(c10::Stream stream, Task task) {
     internal_->runInOrder(task);
     return;
   }
-  internal_->enqueue(std::move(task).take(),
+  internal_->enqueue(std::move(task),
                      postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
 }
 

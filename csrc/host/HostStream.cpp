@@ -70,13 +70,24 @@ void HostStream::startWorker(const std::shared_ptr<State>& state) {
   }
 }
 
-void HostStream::enqueue(std::function<void()> item, Kind kind) {
+void HostStream::enqueue(Task item, Kind kind) {
   const auto& state = state_;
   State& s = *state;
   Lock lock(s.mutex);
-  s.items.push_back(Item{std::move(item), kind});
-  if (s.holder == Holder::Free && s.pending == 0 && s.items.size() == 1) {
-    take(state, lock);
+  const bool idle = s.holder == Holder::Free && s.pending == 0 && s.items.empty();
+  if (idle && (kind == Kind::Quick || std::this_thread::get_id() == s.workerId.load())) {
+    // The common case of an async op: run here, as take() would, without keeping the item.
+    s.holder = Holder::Running;
+    s.runner = std::this_thread::get_id();
+    lock.unlock();
+    item();
+    lock.lock();
+    drive(state, lock);
+    return;
+  }
+  s.items.push_back(Item{std::move(item).take(), kind});
+  if (idle) {
+    take(state, lock);  // the front item may wait: handed to the worker
   }
 }
 

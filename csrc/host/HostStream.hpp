@@ -56,7 +56,9 @@ class HostStream {
   HostStream(const HostStream&) = delete;
   HostStream& operator=(const HostStream&) = delete;
 
-  void enqueue(std::function<void()> item, Kind kind);
+  // Runs `item` on this thread where the stream is idle (Free, nothing queued or pending) and
+  // the item may run here; else keeps it (take()) for the thread that finds the stream ready.
+  void enqueue(Task item, Kind kind);
   // Runs `task` on the calling thread once everything enqueued before it has run (its calls
   // may be pending), and returns when it has: a sync op posted in program order.
   void runInOrder(const Task& task);

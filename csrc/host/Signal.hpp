@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -20,6 +21,14 @@ struct Signal {
   std::atomic<bool> done{false};
   std::chrono::steady_clock::time_point doneAt;   // when set(): host events time ops with it
   std::vector<std::function<void()>> onSetCalls;  // run by set(), on its thread
+
+  // One set from the start (a point already passed), made without the lock nor a wake.
+  static std::shared_ptr<Signal> alreadySet() {
+    auto signal = std::make_shared<Signal>();
+    signal->doneAt = std::chrono::steady_clock::now();
+    signal->done.store(true, std::memory_order_release);
+    return signal;
+  }
 
   void set() {
     const auto now = std::chrono::steady_clock::now();
