@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <set>
 #include <thread>
@@ -52,6 +53,22 @@ c10d::ReduceOp toGloo(ReduceKind kind) {
   }
   TORCH_INTERNAL_ASSERT(false, "streamnccl: the core lowers ", toString(kind),
                         " before the host communicator");
+}
+
+// How long a sync op's caller looks for its Gloo collective to complete before it sleeps on it.
+// A collective on few bytes completes a few µs after it is posted, on Gloo's worker, which runs
+// on another CPU: a caller that slept at once pays a wake across CPUs for each op, tens of µs on
+// a VM (docs/performance.md, "A sync op's wait"). An async op's caller has its own launch
+// to finish and returns to Python before it waits, time in which the call mostly completes.
+constexpr auto kLookBeforeSleeping = std::chrono::microseconds(20);
+
+// Looks for `call` to complete, yielding the CPU between looks (Gloo's thread first, where it
+// shares this one), for up to kLookBeforeSleeping; the wait that follows sleeps if it has not.
+void lookBeforeSleeping(const c10::intrusive_ptr<c10d::Work>& call) {
+  const auto until = std::chrono::steady_clock::now() + kLookBeforeSleeping;
+  while (!call->isCompleted() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
 }
 
 // Waits for a Gloo call. Its deadline (the group's timeout) passing is raised as a TimeoutError,
@@ -154,9 +171,12 @@ void HostCommunicator::finish(c10::Stream stream, const c10::intrusive_ptr<c10d:
                               Completion completion) {
   if (handsOver(stream)) {
     stream_->awaitCall(work, completion);
-  } else {
-    waitForGloo(work);
+    return;
   }
+  if (completion == Completion::Future) {  // a send or a receive completes in its wait alone
+    lookBeforeSleeping(work);
+  }
+  waitForGloo(work);
 }
 
 void HostCommunicator::allReduce(const at::Tensor& input, const at::Tensor& output,
