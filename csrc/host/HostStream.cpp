@@ -71,7 +71,7 @@ void HostStream::startWorker(const std::shared_ptr<State>& state) {
 }
 
 void HostStream::enqueue(Task item, Kind kind) {
-  const auto& state = state_;
+  const auto state = state_;  // a copy: the last owner may let go of the stream inside the item
   State& s = *state;
   Lock lock(s.mutex);
   const bool idle = s.holder == Holder::Free && s.pending == 0 && s.items.empty();
@@ -85,9 +85,13 @@ void HostStream::enqueue(Task item, Kind kind) {
     drive(state, lock);
     return;
   }
-  s.items.push_back(Item{std::move(item).take(), kind});
-  if (idle) {
-    take(state, lock);  // the front item may wait: handed to the worker
+  // Kept outside the lock, which the calls' completions and the watchdog's looks take.
+  lock.unlock();
+  auto kept = std::move(item).take();
+  lock.lock();
+  s.items.push_back(Item{std::move(kept), kind});
+  if (s.holder == Holder::Free && s.pending == 0 && s.items.size() == 1) {
+    take(state, lock);  // idle again meanwhile, or the item may wait: handed to the worker
   }
 }
 
@@ -147,7 +151,7 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
     s.items.pop_front();
     lock.unlock();
     item.run();          // an item never throws (an op's task catches what its op meets)
-    item.run = nullptr;  // what it held goes before the next one runs, outside the lock
+    item.run = nullptr;  // what a kept item held goes before the next one runs, outside the lock
     lock.lock();
   }
 }
