@@ -76,13 +76,7 @@ void HostStream::enqueue(Task item, Kind kind) {
   Lock lock(s.mutex);
   const bool idle = s.holder == Holder::Free && s.pending == 0 && s.items.empty();
   if (idle && (kind == Kind::Quick || std::this_thread::get_id() == s.workerId.load())) {
-    // The common case of an async op: run here, as take() would, without keeping the item.
-    s.holder = Holder::Running;
-    s.runner = std::this_thread::get_id();
-    lock.unlock();
-    item();
-    lock.lock();
-    drive(state, lock);
+    runHere(state, lock, item);  // the common case of an async op: the item is never kept
     return;
   }
   // Kept outside the lock, which the calls' completions and the watchdog's looks take.
@@ -194,8 +188,13 @@ void HostStream::runInOrder(const Task& task) {
     }
     s.changed.wait(lock);
   }
+  runHere(state, lock, task);
+}
+
+void HostStream::runHere(const std::shared_ptr<State>& state, Lock& lock, const Task& task) {
+  State& s = *state;
   s.holder = Holder::Running;
-  s.runner = self;
+  s.runner = std::this_thread::get_id();
   lock.unlock();
   task();
   lock.lock();

@@ -161,6 +161,9 @@ class HostStream {
   static void completed(const std::shared_ptr<State>& state, std::exception_ptr failure);
   // With the stream Free, nothing pending and an item queued: this thread takes it.
   static void take(const std::shared_ptr<State>& state, Lock& lock);
+  // With the lock held and the stream Free: this thread holds it, runs `task` without the lock,
+  // then the items queued meanwhile (drive).
+  static void runHere(const std::shared_ptr<State>& state, Lock& lock, const Task& task);
   static void startWorker(const std::shared_ptr<State>& state);  // with the lock held
   static void workerLoop(const std::shared_ptr<State>& state);
   // With the lock held and a call in `waits`: takes the oldest and waits for it on this
