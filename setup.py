@@ -13,6 +13,7 @@ A torch outside the supported range (pyproject.toml's dependency) is refused her
 reason, before pip could think of replacing it.
 """
 
+import copy
 import os
 import re
 import sys
@@ -142,9 +143,12 @@ def extensions():
         product.append("csrc/cuda")
         doubles.append("csrc/fake")
         make = cpp_extension.CUDAExtension
-    built = [make(name=PRODUCT, sources=cpp_sources(*product), **common)]
+    # Copies for each extension: torch's adds its own folders to the lists it is given, and a
+    # list shared by both named torch's headers twice in _C's compile command whenever the
+    # doubles were built too, so a build of _C alone compiled everything again.
+    built = [make(name=PRODUCT, sources=cpp_sources(*product), **copy.deepcopy(common))]
     if os.environ.get("STREAMNCCL_BUILD_TESTING", "0") == "1":
-        built.append(make(name=TESTING, sources=cpp_sources(*doubles), **common))
+        built.append(make(name=TESTING, sources=cpp_sources(*doubles), **copy.deepcopy(common)))
     return built
 
 

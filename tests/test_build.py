@@ -290,3 +290,31 @@ def test_the_gpu_scripts_say_there_is_no_gpu_and_pass(script, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"{script}: no CUDA device is visible" in done.stdout
+
+
+def product_flags(testing: str) -> dict:
+    """What setup.py gives streamnccl._C to compile and link with, with or without the test
+    doubles, read in a child that runs setup.py with setuptools' setup() replaced."""
+    script = (
+        "import json, runpy, setuptools\n"
+        "made = {}\n"
+        "setuptools.setup = lambda **kw: made.update(kw)\n"
+        "runpy.run_path('setup.py', run_name='__main__')\n"
+        "(product,) = [e for e in made['ext_modules'] if e.name == 'streamnccl._C']\n"
+        "print(json.dumps({k: getattr(product, k) for k in ('include_dirs', 'library_dirs',\n"
+        "    'libraries', 'define_macros', 'extra_compile_args', 'extra_link_args')}))\n"
+    )
+    env = dict(os.environ, STREAMNCCL_BUILD_TESTING=testing)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+        cwd=Path(__file__).resolve().parent.parent, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_product_builds_alike_with_or_without_the_test_doubles():
+    """The two extensions once shared one list of include folders, which torch's extension
+    added to for each: with the doubles built too, _C's compile command named torch's and
+    CUDA's headers twice, so a later build of _C alone (the static-libstdc++ test above, a
+    wheel) found every command changed and compiled the whole product again."""
+    assert product_flags("1") == product_flags("0")
