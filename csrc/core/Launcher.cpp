@@ -72,7 +72,9 @@ c10::intrusive_ptr<Work> Launcher::launch(Launch launch, Path& path, Steps steps
   }
   RecorderClock clock;  // one read dates the earlier ops' ends and this op's launch
   if (!captured) {
-    watchdog_->releaseCompleted(clock);  // earlier ops that completed, recorded before this one
+    // Earlier ops that completed, recorded before this one; the look stops at the oldest
+    // still running, so that a launch costs the same with 10 or 10,000 ops in flight.
+    watchdog_->releaseCompleted(clock, Watchdog::Look::UntilOneIsRunning);
   }
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_.timeout : launch.timeout;
   OpInfo info = describe(launch, path);

@@ -170,30 +170,37 @@ void Watchdog::trackCaptured(c10::intrusive_ptr<Work> work) {
   captured_.push_back(std::move(work));
 }
 
-void Watchdog::collectEnded(Works& faulted, RecorderClock& clock) {
-  auto endedOrFaulted = [&](Works& from) {
+void Watchdog::collectEnded(Works& faulted, RecorderClock& clock, Look look) {
+  auto endedOrFaulted = [&](Works& from, Look upTo) {
     auto kept = from.begin();
-    for (auto& work : from) {
+    auto next = from.begin();
+    while (next != from.end()) {
+      auto& work = *next++;
       if (work->pollStarted()) {
         health_->recorder().started(work->info().traceId);
       }
-      switch (work->pollEnd()) {
-        case Work::EndState::Pending:
-          *kept++ = std::move(work);
+      const Work::EndState state = work->pollEnd();
+      if (state == Work::EndState::Pending) {
+        *kept++ = std::move(work);
+        if (upTo == Look::UntilOneIsRunning) {
           break;
-        case Work::EndState::Passed:
-          retire(*work, clock);
-          ended_.push_back(std::move(work));
-          break;
-        case Work::EndState::DeviceError:
-          faulted.push_back(std::move(work));
-          break;
+        }
+      } else if (state == Work::EndState::Passed) {
+        retire(*work, clock);
+        ended_.push_back(std::move(work));
+      } else {
+        faulted.push_back(std::move(work));
       }
+    }
+    if (kept != next) {  // the ops not looked at, after those kept
+      kept = std::move(next, from.end(), kept);
+    } else {
+      kept = from.end();
     }
     from.erase(kept, from.end());
   };
-  endedOrFaulted(inFlight_);
-  endedOrFaulted(failedRunning_);
+  endedOrFaulted(inFlight_, look);
+  endedOrFaulted(failedRunning_, Look::All);
   moveWhere(captured_, ended_, [](Work& work) { return work.joined(); });
 }
 
@@ -241,14 +248,14 @@ void Watchdog::failOnDeviceError(Work& work, std::exception_ptr cause) {
              [&](const std::string& news) { work.fail(withNews(cause, news)); });
 }
 
-void Watchdog::releaseCompleted(RecorderClock& clock) {
+void Watchdog::releaseCompleted(RecorderClock& clock, Look look) {
   Works faulted;
   // Moved out rather than swapped: `ended_` keeps its capacity, so that the next op's end is
   // recorded without an allocation (this runs at every launch).
   c10::SmallVector<c10::intrusive_ptr<Work>, 4> released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    collectEnded(faulted, clock);
+    collectEnded(faulted, clock, look);
     released.append(std::make_move_iterator(ended_.begin()), std::make_move_iterator(ended_.end()));
     ended_.clear();
   }

@@ -90,9 +90,16 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // Keeps a captured op's Work, which holds what its replays use, until wait() has joined it
   // or the group ends: a Work dropped unwaited still holds them.
   void trackCaptured(c10::intrusive_ptr<Work> work);
-  // Lets go of the ops whose end has passed, on the calling thread; `clock` dates what the
-  // flight recorder notes of them.
-  void releaseCompleted(RecorderClock& clock);
+  // How far a look at the ops in flight goes. Ops on one stream end in launch order, so the
+  // ones after the oldest still running have mostly not ended either.
+  enum class Look {
+    All,               // every op in flight: the watchdog's period, the group's end
+    UntilOneIsRunning  // in launch order, up to the oldest still running: every launch, whose
+                       // cost must not grow with the ops in flight (the period finds the rest)
+  };
+  // Lets go of the ops whose end has passed (as far as `look` goes, and those the period
+  // found), on the calling thread; `clock` dates what the flight recorder notes of them.
+  void releaseCompleted(RecorderClock& clock, Look look = Look::All);
   void releaseCompleted() {
     RecorderClock clock;
     releaseCompleted(clock);
@@ -181,10 +188,11 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // One period of the thread: waits for it, then check(); false once stop() was called.
   bool waitThenCheck();
   void check();
-  // With mutex_ held: moves the ops whose end has passed (in flight, or failed and waiting for
-  // it) to ended_, and marks started ones in the flight recorder. Those whose event query met
-  // a device error move to `faulted` instead, to be failed without the lock (settle()).
-  void collectEnded(Works& faulted, RecorderClock& clock);
+  // With mutex_ held: moves the ops whose end has passed (in flight, as far as `look` goes, or
+  // failed and waiting for it) to ended_, and marks started ones in the flight recorder. Those
+  // whose event query met a device error move to `faulted` instead, to be failed without the
+  // lock (settle()).
+  void collectEnded(Works& faulted, RecorderClock& clock, Look look = Look::All);
   // Without the lock: fails the `faulted` ops, puts them with the ended ones, and breaks the
   // group with the first fault (a device error, or a timing read that failed). Does nothing
   // when there is none.

@@ -14,6 +14,7 @@ namespace {
 // Each thread's runtime state, as the CUDA runtime and c10 keep it per thread.
 thread_local int currentDeviceOfThread = -1;
 thread_local cudaStreamCaptureMode captureModeOfCallingThread = cudaStreamCaptureModeGlobal;
+thread_local uint64_t queriesOfCallingThread = 0;
 // Per fake GPU (by serial number): the thread's current stream; absent means S0.
 thread_local std::map<uint64_t, StreamId> currentStreamOfThread;
 
@@ -304,8 +305,11 @@ void FakeGpu::streamWaitEvent(StreamId streamId, EventId id) {
   push(streamId, std::move(wait));
 }
 
+uint64_t FakeGpu::queriesOfThread() { return queriesOfCallingThread; }
+
 CudaApi::EventStatus FakeGpu::queryEvent(EventId id) {
   using Status = CudaApi::EventStatus;
+  ++queriesOfCallingThread;
   bindDevice();
   std::unique_lock<std::recursive_mutex> lock(world_->mutex());
   checkCudaFault("cudaEventQuery");

@@ -112,6 +112,9 @@ class FakeGpu {
   // cudaEventQuery: Unanswered where a capture forbids it (and the query invalidates the
   // capture where CUDA would); throws for an injected CUDA error.
   CudaApi::EventStatus queryEvent(EventId event);
+  // How many cudaEventQuery calls the calling thread has made, on any fake GPU: what a launch
+  // looks at of the ops in flight, apart from the watchdog's thread.
+  static uint64_t queriesOfThread();
   // cudaEventElapsedTime: throws where the runtime would fail it (an event without timing,
   // one not recorded or not yet passed, one of a capture). Fake time: 1 us per stream item.
   float elapsedMs(EventId start, EventId end);

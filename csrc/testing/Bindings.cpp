@@ -161,6 +161,8 @@ void bindRecording(py::module_& m) {
       .def("set_device", &FakeGpu::setCurrentDevice, py::arg("index"),
            "The calling thread's current device (-1: none).")
       .def_static("current_device", &FakeGpu::currentDevice)
+      .def_static("queries_of_thread", &FakeGpu::queriesOfThread,
+                  "How many cudaEventQuery calls the calling thread has made.")
       .def_static("nccl_group_depth", &fake::RecordingNccl::groupDepthOfThread,
                   "How deep the calling thread is in NCCL groups (0: none open).")
       .def_static(
