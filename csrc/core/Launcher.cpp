@@ -72,9 +72,9 @@ c10::intrusive_ptr<Work> Launcher::launch(Launch launch, Path& path, Steps steps
   }
   RecorderClock clock;  // one read dates the earlier ops' ends and this op's launch
   if (!captured) {
-    // Earlier ops that completed, recorded before this one; the look stops at the oldest
-    // still running, so that a launch costs the same with 10 or 10,000 ops in flight.
-    watchdog_->releaseCompleted(clock, Watchdog::Look::UntilOneIsRunning);
+    // Earlier ops that completed, recorded before this one; the look goes no further than a
+    // running op on each stream, so that it costs the same with 10 or 10,000 ops queued.
+    watchdog_->releaseCompleted(clock, Watchdog::Look::UntilEachStreamRuns);
   }
   const auto timeout = launch.timeout == c10d::kUnsetTimeout ? options_.timeout : launch.timeout;
   OpInfo info = describe(launch, path);
@@ -143,7 +143,7 @@ void Launcher::enqueueSync(Issued& op) {
   auto end = op.timed ? op.device.createTimedEvent() : op.device.createEvent();
   end->record(op.current);
   op.work->setStart(std::move(start));
-  op.work->setEnd(std::move(end), {}, /*joinOnWait=*/false);
+  op.work->setEnd(op.current, std::move(end), {}, /*joinOnWait=*/false);
   watchdog_->track(op.work);
 }
 
@@ -160,7 +160,7 @@ void Launcher::enqueueAsync(Issued& op, std::vector<at::Tensor> inUse) {
   enqueue(op, op.opStream);
   auto end = op.timed ? op.device.createTimedEvent() : op.device.createEvent();
   end->record(op.opStream);
-  op.work->setEnd(std::move(end), std::move(inUse), /*joinOnWait=*/true);
+  op.work->setEnd(op.opStream, std::move(end), std::move(inUse), /*joinOnWait=*/true);
   if (op.captured) {
     // The graph's kernels use the tensors, the factor and the temporaries at every replay; on
     // the internal stream, unordered with later work on the caller's stream until wait()

@@ -24,9 +24,8 @@ constexpr auto kStoreGrace = std::chrono::milliseconds(1000);
 
 // Moves the elements of `from` for which `take` holds to the end of `to`, keeping the order
 // of both; moved, never copied, so that no reference is dropped here.
-template <typename Take>
-void moveWhere(std::vector<c10::intrusive_ptr<Work>>& from,
-               std::vector<c10::intrusive_ptr<Work>>& to, Take take) {
+template <typename From, typename Take>
+void moveWhere(From& from, std::vector<c10::intrusive_ptr<Work>>& to, Take take) {
   auto kept = from.begin();
   for (auto& work : from) {
     if (take(*work)) {
@@ -152,6 +151,11 @@ void Watchdog::track(c10::intrusive_ptr<Work> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (brokenReason_.empty()) {
+      const StreamOf stream{&work->device(), work->endStream()};
+      if (std::find(streamsInFlight_.begin(), streamsInFlight_.end(), stream) ==
+          streamsInFlight_.end()) {
+        streamsInFlight_.push_back(stream);
+      }
       inFlight_.push_back(std::move(work));
       return;
     }
@@ -171,37 +175,76 @@ void Watchdog::trackCaptured(c10::intrusive_ptr<Work> work) {
 }
 
 void Watchdog::collectEnded(Works& faulted, RecorderClock& clock, Look look) {
-  auto endedOrFaulted = [&](Works& from, Look upTo) {
-    auto kept = from.begin();
-    auto next = from.begin();
-    while (next != from.end()) {
-      auto& work = *next++;
+  // Looks at the ops of `from` in launch order, past those behind an op still running on
+  // their stream (ops on one stream start and end in launch order), up to the end or, with
+  // `enough`, until it holds of the running ones met. Those that ended are moved out, the rest
+  // kept in order; only the part looked at is moved about.
+  c10::SmallVector<const Work*, 4> running;
+  auto endedOrFaulted = [&](auto& from, auto enough) {
+    running.clear();
+    const auto behindRunning = [&](const Work& work) {
+      const auto& stream = work.endStream();
+      return stream && std::any_of(running.begin(), running.end(), [&](const Work* earlier) {
+               return earlier->endsOn(work.device(), *stream);
+             });
+    };
+    size_t looked = 0;
+    for (; looked < from.size() && !enough(running.size()); ++looked) {
+      auto& work = from[looked];
+      if (behindRunning(*work)) {
+        continue;
+      }
       if (work->pollStarted()) {
         health_->recorder().started(work->info().traceId);
       }
-      const Work::EndState state = work->pollEnd();
-      if (state == Work::EndState::Pending) {
-        *kept++ = std::move(work);
-        if (upTo == Look::UntilOneIsRunning) {
+      switch (work->pollEnd()) {
+        case Work::EndState::Pending:
+          running.push_back(work.get());
           break;
-        }
-      } else if (state == Work::EndState::Passed) {
-        retire(*work, clock);
-        ended_.push_back(std::move(work));
-      } else {
-        faulted.push_back(std::move(work));
+        case Work::EndState::Passed:
+          retire(*work, clock);
+          ended_.push_back(std::move(work));  // leaves a null in its place
+          break;
+        case Work::EndState::DeviceError:
+          faulted.push_back(std::move(work));
+          break;
       }
     }
-    if (kept != next) {  // the ops not looked at, after those kept
-      kept = std::move(next, from.end(), kept);
-    } else {
-      kept = from.end();
+    // The ops kept among those looked at close up towards the ones not looked at; the nulls
+    // left in front go.
+    size_t kept = looked;
+    for (size_t i = looked; i-- > 0;) {
+      if (from[i]) {
+        auto& to = from[--kept];
+        if (&to != &from[i]) {
+          to = std::move(from[i]);
+        }
+      }
     }
-    from.erase(kept, from.end());
+    from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(kept));
   };
-  endedOrFaulted(inFlight_, look);
-  endedOrFaulted(failedRunning_, Look::All);
+  const bool whole = look == Look::All;
+  endedOrFaulted(inFlight_, [&](size_t runningMet) {
+    return !whole && runningMet == streamsInFlight_.size();
+  });
+  endedOrFaulted(failedRunning_, [](size_t) { return false; });
+  if (whole) {
+    streamsInFlight_.clear();
+    for (const auto& work : inFlight_) {
+      const StreamOf stream{&work->device(), work->endStream()};
+      if (std::find(streamsInFlight_.begin(), streamsInFlight_.end(), stream) ==
+          streamsInFlight_.end()) {
+        streamsInFlight_.push_back(stream);
+      }
+    }
+  }
   moveWhere(captured_, ended_, [](Work& work) { return work.joined(); });
+}
+
+Watchdog::Works Watchdog::takeInFlight() {
+  Works taken(std::make_move_iterator(inFlight_.begin()), std::make_move_iterator(inFlight_.end()));
+  inFlight_.clear();
+  return taken;
 }
 
 void Watchdog::settle(Works& faulted) {
@@ -387,7 +430,7 @@ void Watchdog::learnBreak(const BreakBoard::Post& post) {
   Works stopped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopped.swap(inFlight_);
+    stopped = takeInFlight();
     opsOutside_ += stopped.size();
   }
   auto orphaned = handOnIfNeverFailed(stopped);
@@ -440,7 +483,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
     // Taken before the cause's ops fail, whose futures' callbacks may end the group: its
     // teardown then finds the group broken and every op in a list it lets go of.
     std::lock_guard<std::mutex> lock(mutex_);
-    failing.swap(inFlight_);
+    failing = takeInFlight();
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
     breaker_ = std::this_thread::get_id();
     moveState(breaking_, Breaking::FailingOps, kBreakingMoves, "a group's break");
@@ -699,7 +742,7 @@ void Watchdog::failInFlightOfBrokenGroup() {
   bool taken = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stranded.swap(inFlight_);
+    stranded = takeInFlight();
     taken = breaking_ != Breaking::None;
   }
   failUntilTheirEnd(stranded, "the group was destroyed while it broke");

@@ -44,10 +44,12 @@
 #include "core/Work.hpp"
 
 #include <c10/util/ScopeExit.h>
+#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -90,15 +92,15 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // Keeps a captured op's Work, which holds what its replays use, until wait() has joined it
   // or the group ends: a Work dropped unwaited still holds them.
   void trackCaptured(c10::intrusive_ptr<Work> work);
-  // How far a look at the ops in flight goes. Ops on one stream end in launch order, so the
-  // ones after the oldest still running have mostly not ended either.
+  // How far a look at the ops in flight goes. Either queries at most one running op per
+  // stream: the ops after it on its stream cannot have ended (Work::endsOn).
   enum class Look {
-    All,               // every op in flight: the watchdog's period, the group's end
-    UntilOneIsRunning  // in launch order, up to the oldest still running: every launch, whose
-                       // cost must not grow with the ops in flight (the period finds the rest)
+    All,                  // to the last op: the watchdog's period, the group's end
+    UntilEachStreamRuns,  // until an op still running was met on every stream with ops in
+                          // flight: a launch, whose cost must not grow with the ops queued
   };
-  // Lets go of the ops whose end has passed (as far as `look` goes, and those the period
-  // found), on the calling thread; `clock` dates what the flight recorder notes of them.
+  // Lets go of the ops whose end has passed, on the calling thread; `clock` dates what the
+  // flight recorder notes of them.
   void releaseCompleted(RecorderClock& clock, Look look = Look::All);
   void releaseCompleted() {
     RecorderClock clock;
@@ -188,11 +190,12 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // One period of the thread: waits for it, then check(); false once stop() was called.
   bool waitThenCheck();
   void check();
-  // With mutex_ held: moves the ops whose end has passed (in flight, as far as `look` goes, or
-  // failed and waiting for it) to ended_, and marks started ones in the flight recorder. Those
-  // whose event query met a device error move to `faulted` instead, to be failed without the
-  // lock (settle()).
+  // With mutex_ held: moves the ops whose end has passed (in flight, or failed and waiting for
+  // it) to ended_, and marks started ones in the flight recorder. Those whose event query met
+  // a device error move to `faulted` instead, to be failed without the lock (settle()).
   void collectEnded(Works& faulted, RecorderClock& clock, Look look = Look::All);
+  // The ops in flight, taken out (a break, the group's end).
+  Works takeInFlight();
   // Without the lock: fails the `faulted` ops, puts them with the ended ones, and breaks the
   // group with the first fault (a device error, or a timing read that failed). Does nothing
   // when there is none.
@@ -225,7 +228,18 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;
-  Works inFlight_;       // end not yet passed
+  std::deque<c10::intrusive_ptr<Work>> inFlight_;  // end not yet passed, in launch order
+  // The streams the ops in inFlight_ end on, and maybe some whose ops have all ended: every
+  // track() adds its op's, every whole look (Look::All) makes it anew from what is left. A
+  // launch's look stops once it has met a running op on each.
+  struct StreamOf {
+    const Device* device;
+    std::optional<c10::Stream> stream;  // none: an op that failed at its launch, ended
+    bool operator==(const StreamOf& other) const {
+      return device == other.device && stream == other.stream;
+    }
+  };
+  c10::SmallVector<StreamOf, 4> streamsInFlight_;
   Works failedRunning_;  // failed from outside (timeout, break), end not yet passed
   Works ended_;          // end passed: released by releaseCompleted()
   Works captured_;       // captured, not yet joined

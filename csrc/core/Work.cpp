@@ -87,7 +87,9 @@ std::exception_ptr Work::exception() const {
   return failure_;
 }
 
-void Work::setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait) {
+void Work::setEnd(c10::Stream stream, std::unique_ptr<Event> end, std::vector<at::Tensor> inUse,
+                  bool joinOnWait) {
+  endStream_ = stream;
   end_ = std::move(end);
   joinOnWait_ = joinOnWait;
   if (inUse.empty()) {

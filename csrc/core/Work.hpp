@@ -70,10 +70,17 @@ class Work : public c10d::Work {
   // group's dump hold it before anyone can learn of the failure (Watchdog::breakGroup).
   std::exception_ptr failureFor(std::exception_ptr cause) const;
 
-  // The event after the op on its stream, and every tensor the op touches, held until that
+  // The event after the op on `stream`, and every tensor the op touches, held until that
   // event has passed. `joinOnWait`: wait() makes the caller's stream wait for `end` (async
   // ops); a sync op's `end` is on the caller's stream already, and only watched.
-  void setEnd(std::unique_ptr<Event> end, std::vector<at::Tensor> inUse, bool joinOnWait);
+  void setEnd(c10::Stream stream, std::unique_ptr<Event> end, std::vector<at::Tensor> inUse,
+              bool joinOnWait);
+  // Whether the op's end is on `stream` of `device`: ops on one stream end in launch order.
+  bool endsOn(const Device& device, c10::Stream stream) const {
+    return endStream_ == stream && device_.get() == &device;
+  }
+  // The stream its end is on, once set (setEnd).
+  const std::optional<c10::Stream>& endStream() const { return endStream_; }
   // A timed op (Options::enableTiming): the event before it on its stream; `end` then times
   // against it.
   void setStart(std::unique_ptr<Event> start) { start_ = std::move(start); }
@@ -199,6 +206,7 @@ class Work : public c10d::Work {
 
   std::unique_ptr<Event> start_;
   std::unique_ptr<Event> end_;
+  std::optional<c10::Stream> endStream_;
   bool joinOnWait_ = true;
   // The op's two lifecycles, each one state: its end on the device (EndState, pollEnd(); a
   // DeviceError's error is deviceError_), and its outcome on the host (Outcome: settled by
