@@ -113,7 +113,8 @@ void HostDevice::enqueue(c10::Stream stream, Task task) {
     return;
   }
   internal_->enqueue(std::move(task),
-                     postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
+                     postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait,
+                     /*op=*/true);
 }
 
 void HostDevice::afterCalls(c10::Stream stream, Settle settle) {
