@@ -655,7 +655,13 @@ def test_a_launch_queries_one_running_op_per_stream_however_many_are_queued():
     works = [pg.allreduce([torch.ones(4)], options(AllreduceOptions)) for _ in range(50)]
     before = gpu.queries_of_thread()
     works.append(pg.allreduce([torch.ones(4)], options(AllreduceOptions)))
-    assert gpu.queries_of_thread() - before == 1
+    assert gpu.queries_of_thread() - before == 1  # the oldest, on the internal stream S1
+    # A sync op, on the caller's stream S0, behind the 51 on S1: the look skips the 50 behind
+    # the oldest on S1, and stops at the one on S0, the last stream with ops in flight.
+    works.append(pg.allreduce([torch.ones(4)], options(AllreduceOptions, False)))
+    before = gpu.queries_of_thread()
+    works.append(pg.allreduce([torch.ones(4)], options(AllreduceOptions)))
+    assert gpu.queries_of_thread() - before == 2
     gpu.hold_events(False)
     assert gpu.synchronize()  # wait() only orders the caller's stream after each op
     assert all(work.is_completed() for work in works)

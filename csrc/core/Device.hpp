@@ -20,7 +20,9 @@
 //     hooks) are ordered after the whole op.
 //  5. Every input and output of an async op stays referenced by its Work until `end` has
 //     completed (and no longer: once it has, the next call on the group, or wait(), lets them
-//     go), so memory is never handed back to the allocator while the op may still touch it.
+//     go; an op launched at the same moment as an earlier one of its stream, from another
+//     thread, may wait for that one's end or the watchdog's next look, 50 ms), so memory is
+//     never handed back to the allocator while the op may still touch it.
 //     A failed op's too: its kernels after the communicator's (copy-backs, divisions) still
 //     run once the communicator is aborted. An op captured into a CUDA graph runs at every
 //     replay: its Work holds its tensors and temporaries until wait() has joined it to the

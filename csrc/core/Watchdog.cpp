@@ -151,11 +151,7 @@ void Watchdog::track(c10::intrusive_ptr<Work> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (brokenReason_.empty()) {
-      const StreamOf stream{&work->device(), work->endStream()};
-      if (std::find(streamsInFlight_.begin(), streamsInFlight_.end(), stream) ==
-          streamsInFlight_.end()) {
-        streamsInFlight_.push_back(stream);
-      }
+      countIn(*work);
       inFlight_.push_back(std::move(work));
       return;
     }
@@ -174,17 +170,39 @@ void Watchdog::trackCaptured(c10::intrusive_ptr<Work> work) {
   captured_.push_back(std::move(work));
 }
 
+void Watchdog::countIn(const Work& work) {
+  for (auto& stream : streamsInFlight_) {
+    if (stream.holds(work)) {
+      ++stream.ops;
+      return;
+    }
+  }
+  streamsInFlight_.push_back(StreamOf{&work.device(), work.endStream(), 1});
+}
+
+void Watchdog::countOut(const Work& work) {
+  auto stream = std::find_if(streamsInFlight_.begin(), streamsInFlight_.end(),
+                             [&](const StreamOf& s) { return s.holds(work); });
+  TORCH_INTERNAL_ASSERT(stream != streamsInFlight_.end(), "streamnccl: an op not counted in");
+  if (--stream->ops == 0) {
+    streamsInFlight_.erase(stream);
+  }
+}
+
 void Watchdog::collectEnded(Works& faulted, RecorderClock& clock, Look look) {
-  // Looks at the ops of `from` in launch order, past those behind an op still running on
-  // their stream (ops on one stream start and end in launch order), up to the end or, with
-  // `enough`, until it holds of the running ones met. Those that ended are moved out, the rest
-  // kept in order; only the part looked at is moved about.
+  // Looks at the ops of `from` in launch order, up to the end or until `enough` holds of the
+  // running ones met. `skipBehind`: past an op still running, the later ones on its stream
+  // are not looked at (ops on one stream start and end in launch order; two launched at
+  // once from two threads may be tracked the other way round: the period, which skips none,
+  // then finds the one skipped). Those that ended are moved out, the rest kept in order;
+  // only the part looked at is moved about.
   c10::SmallVector<const Work*, 4> running;
-  auto endedOrFaulted = [&](auto& from, auto enough) {
+  auto endedOrFaulted = [&](auto& from, bool skipBehind, auto enough, auto leaving) {
     running.clear();
     const auto behindRunning = [&](const Work& work) {
       const auto& stream = work.endStream();
-      return stream && std::any_of(running.begin(), running.end(), [&](const Work* earlier) {
+      return skipBehind && stream &&
+             std::any_of(running.begin(), running.end(), [&](const Work* earlier) {
                return earlier->endsOn(work.device(), *stream);
              });
     };
@@ -197,17 +215,19 @@ void Watchdog::collectEnded(Works& faulted, RecorderClock& clock, Look look) {
       if (work->pollStarted()) {
         health_->recorder().started(work->info().traceId);
       }
-      switch (work->pollEnd()) {
-        case Work::EndState::Pending:
-          running.push_back(work.get());
-          break;
-        case Work::EndState::Passed:
-          retire(*work, clock);
-          ended_.push_back(std::move(work));  // leaves a null in its place
-          break;
-        case Work::EndState::DeviceError:
-          faulted.push_back(std::move(work));
-          break;
+      const Work::EndState state = work->pollEnd();
+      if (state == Work::EndState::Pending) {
+        if (skipBehind) {
+          running.push_back(work.get());  // the first still running on its stream
+        }
+        continue;
+      }
+      leaving(*work);
+      if (state == Work::EndState::Passed) {
+        retire(*work, clock);
+        ended_.push_back(std::move(work));  // leaves a null in its place
+      } else {
+        faulted.push_back(std::move(work));
       }
     }
     // The ops kept among those looked at close up towards the ones not looked at; the nulls
@@ -223,27 +243,20 @@ void Watchdog::collectEnded(Works& faulted, RecorderClock& clock, Look look) {
     }
     from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(kept));
   };
-  const bool whole = look == Look::All;
-  endedOrFaulted(inFlight_, [&](size_t runningMet) {
-    return !whole && runningMet == streamsInFlight_.size();
-  });
-  endedOrFaulted(failedRunning_, [](size_t) { return false; });
-  if (whole) {
-    streamsInFlight_.clear();
-    for (const auto& work : inFlight_) {
-      const StreamOf stream{&work->device(), work->endStream()};
-      if (std::find(streamsInFlight_.begin(), streamsInFlight_.end(), stream) ==
-          streamsInFlight_.end()) {
-        streamsInFlight_.push_back(stream);
-      }
-    }
-  }
+  const bool launch = look == Look::UntilEachStreamRuns;
+  endedOrFaulted(
+      inFlight_, launch,
+      [&](size_t runningMet) { return launch && runningMet == streamsInFlight_.size(); },
+      [&](const Work& work) { countOut(work); });
+  endedOrFaulted(
+      failedRunning_, false, [](size_t) { return false; }, [](const Work&) {});
   moveWhere(captured_, ended_, [](Work& work) { return work.joined(); });
 }
 
 Watchdog::Works Watchdog::takeInFlight() {
   Works taken(std::make_move_iterator(inFlight_.begin()), std::make_move_iterator(inFlight_.end()));
   inFlight_.clear();
+  streamsInFlight_.clear();
   return taken;
 }
 
@@ -340,6 +353,9 @@ void Watchdog::check() {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = Clock::now();
     moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
+    for (const auto& work : expired) {
+      countOut(*work);
+    }
     opsOutside_ += expired.size();
     communicators = liveCommunicators(/*locked=*/true);
   }

@@ -92,12 +92,12 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // Keeps a captured op's Work, which holds what its replays use, until wait() has joined it
   // or the group ends: a Work dropped unwaited still holds them.
   void trackCaptured(c10::intrusive_ptr<Work> work);
-  // How far a look at the ops in flight goes. Either queries at most one running op per
-  // stream: the ops after it on its stream cannot have ended (Work::endsOn).
+  // How far a look at the ops in flight goes.
   enum class Look {
-    All,                  // to the last op: the watchdog's period, the group's end
-    UntilEachStreamRuns,  // until an op still running was met on every stream with ops in
-                          // flight: a launch, whose cost must not grow with the ops queued
+    All,                  // every op: the watchdog's period, the group's end
+    UntilEachStreamRuns,  // in launch order, skipping the ops behind one still running on
+                          // their stream, until one is met on every stream with ops in flight:
+                          // a launch, whose cost must not grow with the ops queued
   };
   // Lets go of the ops whose end has passed, on the calling thread; `clock` dates what the
   // flight recorder notes of them.
@@ -190,9 +190,10 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // One period of the thread: waits for it, then check(); false once stop() was called.
   bool waitThenCheck();
   void check();
-  // With mutex_ held: moves the ops whose end has passed (in flight, or failed and waiting for
-  // it) to ended_, and marks started ones in the flight recorder. Those whose event query met
-  // a device error move to `faulted` instead, to be failed without the lock (settle()).
+  // With mutex_ held: moves the ops whose end has passed (in flight, as far as `look` goes, or
+  // failed and waiting for it) to ended_, and marks started ones in the flight recorder. Those
+  // whose event query met a device error move to `faulted` instead, to be failed without the lock
+  // (settle()).
   void collectEnded(Works& faulted, RecorderClock& clock, Look look = Look::All);
   // The ops in flight, taken out (a break, the group's end).
   Works takeInFlight();
@@ -229,17 +230,20 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
 
   std::mutex mutex_;
   std::deque<c10::intrusive_ptr<Work>> inFlight_;  // end not yet passed, in launch order
-  // The streams the ops in inFlight_ end on, and maybe some whose ops have all ended: every
-  // track() adds its op's, every whole look (Look::All) makes it anew from what is left. A
-  // launch's look stops once it has met a running op on each.
+  // Each stream the ops in inFlight_ end on, with how many there are (none: ops that failed
+  // at their launch, ended). A launch's look stops once it has met a running op on each.
   struct StreamOf {
     const Device* device;
-    std::optional<c10::Stream> stream;  // none: an op that failed at its launch, ended
-    bool operator==(const StreamOf& other) const {
-      return device == other.device && stream == other.stream;
+    std::optional<c10::Stream> stream;
+    size_t ops;
+    bool holds(const Work& work) const {
+      return device == &work.device() && stream == work.endStream();
     }
   };
   c10::SmallVector<StreamOf, 4> streamsInFlight_;
+  // With mutex_ held: `work` enters inFlight_, or leaves it.
+  void countIn(const Work& work);
+  void countOut(const Work& work);
   Works failedRunning_;  // failed from outside (timeout, break), end not yet passed
   Works ended_;          // end passed: released by releaseCompleted()
   Works captured_;       // captured, not yet joined

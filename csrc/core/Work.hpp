@@ -75,7 +75,8 @@ class Work : public c10d::Work {
   // ops); a sync op's `end` is on the caller's stream already, and only watched.
   void setEnd(c10::Stream stream, std::unique_ptr<Event> end, std::vector<at::Tensor> inUse,
               bool joinOnWait);
-  // Whether the op's end is on `stream` of `device`: ops on one stream end in launch order.
+  // Whether the op's end is on `stream` of `device`: ops on one stream end in the order they
+  // were enqueued (Watchdog::Look).
   bool endsOn(const Device& device, c10::Stream stream) const {
     return endStream_ == stream && device_.get() == &device;
   }

@@ -409,7 +409,7 @@ HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, 
 void HostStream::nudge(std::chrono::milliseconds grace) {
   const auto& state = state_;
   if (!state->anyWaits.load(std::memory_order_acquire)) {
-    return;  // the common case, asked of every op in flight at every launch: no lock
+    return;  // the common case, asked of ops in flight at every launch: no lock
   }
   std::lock_guard<std::mutex> lock(state->mutex);
   if (!state->waits.empty() &&

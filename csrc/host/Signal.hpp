@@ -17,7 +17,7 @@ struct Signal {
   std::mutex mutex;
   std::condition_variable changed;
   // Written under the lock (or before the Signal is shared: alreadySet()); read without it by
-  // a look (isSet()), which the watchdog makes of every op in flight at every launch.
+  // a look (isSet()), which the watchdog makes of the ops in flight at every launch.
   std::atomic<bool> done{false};
   std::chrono::steady_clock::time_point doneAt;   // when set(): host events time ops with it
   std::vector<std::function<void()>> onSetCalls;  // run by set(), on its thread
