@@ -113,8 +113,7 @@ void HostDevice::enqueue(c10::Stream stream, Task task) {
     return;
   }
   internal_->enqueue(std::move(task),
-                     postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait,
-                     /*op=*/true);
+                     postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
 }
 
 void HostDevice::afterCalls(c10::Stream stream, Settle settle) {

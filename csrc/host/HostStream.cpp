@@ -70,7 +70,7 @@ void HostStream::startWorker(const std::shared_ptr<State>& state) {
   }
 }
 
-void HostStream::enqueue(Task item, Kind kind, bool op) {
+void HostStream::enqueue(Task item, Kind kind) {
   const auto state = state_;  // a copy: the last owner may let go of the stream inside the item
   State& s = *state;
   Lock lock(s.mutex);
@@ -83,8 +83,7 @@ void HostStream::enqueue(Task item, Kind kind, bool op) {
   lock.unlock();
   auto kept = std::move(item).take();
   lock.lock();
-  s.items.push_back(Item{std::move(kept), kind, op});
-  s.opsQueued += op ? 1 : 0;
+  s.items.push_back(Item{std::move(kept), kind});
   if (s.holder == Holder::Free && s.pending == 0 && s.items.size() == 1) {
     take(state, lock);  // idle again meanwhile, or the item may wait: handed to the worker
   }
@@ -144,7 +143,6 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
     }
     Item item = std::move(s.items.front());
     s.items.pop_front();
-    s.opsQueued -= item.op ? 1 : 0;
     lock.unlock();
     item.run();          // an item never throws (an op's task catches what its op meets)
     item.run = nullptr;  // what a kept item held goes before the next one runs, outside the lock
@@ -294,7 +292,7 @@ void HostStream::afterCalls(Settle settle) {
                             }
                             settle(failure);
                           },
-                          Kind::Quick, false});
+                          Kind::Quick});
 }
 
 namespace {
@@ -382,12 +380,6 @@ HostStream::Helped HostStream::helpWait(const Signal& point, std::chrono::millis
 HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, Lock& lock,
                                            std::chrono::milliseconds slice) {
   State& s = *state;
-  if (s.opsQueued > 0) {
-    // Ops queued behind the calls: Gloo's thread posts each as the one before completes, on
-    // its own, where a waiter that took the call over would cost a wake between the two
-    // threads for every op. With none, the waiter goes on with its op, as gloo's does.
-    return Helped::Nothing;
-  }
   auto found = std::find_if(s.posted.begin(), s.posted.end(), [](const auto& posted) {
     return posted->claim == Posted::Claim::Open;
   });

@@ -58,8 +58,7 @@ class HostStream {
 
   // Runs `item` on this thread where the stream is idle (Free, nothing queued or pending) and
   // the item may run here; else keeps it (take()) for the thread that finds the stream ready.
-  // `op`: an op's task, which posts calls (rather than a step of the stream's own: a signal).
-  void enqueue(Task item, Kind kind, bool op = false);
+  void enqueue(Task item, Kind kind);
   // Runs `task` on the calling thread once everything enqueued before it has run (its calls
   // may be pending), and returns when it has: a sync op posted in program order.
   void runInOrder(const Task& task);
@@ -106,7 +105,6 @@ class HostStream {
   struct Item {
     std::function<void()> run;
     Kind kind;
-    bool op;  // an op's task (see enqueue())
   };
   // A call without a future, waiting for a thread to wait for it.
   struct Unwatched {
@@ -129,7 +127,6 @@ class HostStream {
     std::condition_variable wake;     // the worker: an item handed, a wait to make, a stop
     std::condition_variable changed;  // the stream went Free (runInOrder, the destructor)
     std::deque<Item> items;
-    int opsQueued = 0;  // items that are ops' tasks
     Holder holder = Holder::Free;
     std::thread::id runner;
     int pending = 0;                             // calls and signals awaited, not yet completed
