@@ -112,8 +112,8 @@ void HostDevice::enqueue(c10::Stream stream, Task task) {
     internal_->runInOrder(task);
     return;
   }
-  internal_->enqueue(std::move(task),
-                     postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
+  internal_->enqueueOp(std::move(task),
+                       postsAtOnce_() ? HostStream::Kind::Quick : HostStream::Kind::MayWait);
 }
 
 void HostDevice::afterCalls(c10::Stream stream, Settle settle) {

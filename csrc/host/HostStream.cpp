@@ -70,7 +70,7 @@ void HostStream::startWorker(const std::shared_ptr<State>& state) {
   }
 }
 
-void HostStream::enqueue(Task item, Kind kind) {
+void HostStream::push(Task item, Kind kind, bool op) {
   const auto state = state_;  // a copy: the last owner may let go of the stream inside the item
   State& s = *state;
   Lock lock(s.mutex);
@@ -83,7 +83,8 @@ void HostStream::enqueue(Task item, Kind kind) {
   lock.unlock();
   auto kept = std::move(item).take();
   lock.lock();
-  s.items.push_back(Item{std::move(kept), kind});
+  s.items.push_back(Item{std::move(kept), kind, op});
+  s.opsQueued += op ? 1 : 0;
   if (s.holder == Holder::Free && s.pending == 0 && s.items.size() == 1) {
     take(state, lock);  // idle again meanwhile, or the item may wait: handed to the worker
   }
@@ -130,6 +131,7 @@ void HostStream::wentFree(State& s) {
 void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
   State& s = *state;
   while (true) {
+    wakeParked(s);  // the item that ran last may have set a waiter's point
     if (s.pending > 0 || s.items.empty()) {
       s.holder = Holder::Free;
       wentFree(s);
@@ -143,6 +145,7 @@ void HostStream::drive(const std::shared_ptr<State>& state, Lock& lock) {
     }
     Item item = std::move(s.items.front());
     s.items.pop_front();
+    s.opsQueued -= item.op ? 1 : 0;
     lock.unlock();
     item.run();          // an item never throws (an op's task catches what its op meets)
     item.run = nullptr;  // what a kept item held goes before the next one runs, outside the lock
@@ -223,7 +226,8 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
       state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
       ++state->pending;
       state->anyWaits.store(true, std::memory_order_release);
-      if (state->aborted) {  // posted as the break aborted the others: ended at once too
+      state->parkedWake.notify_all();  // a parked waiter waits for it, not the worker
+      if (state->aborted) {            // posted as the break aborted the others: ended at once too
         startWorker(state);
         state->wake.notify_one();
       }
@@ -292,7 +296,7 @@ void HostStream::afterCalls(Settle settle) {
                             }
                             settle(failure);
                           },
-                          Kind::Quick});
+                          Kind::Quick, /*op=*/false});
 }
 
 namespace {
@@ -374,7 +378,34 @@ HostStream::Helped HostStream::helpWait(const Signal& point, std::chrono::millis
     watchOldest(state, lock);
     return Helped::Completed;
   }
+  if (state->opsQueued > 0) {
+    return waitWhileChained(state, lock, point, slice);
+  }
   return claimOldest(state, lock, slice);
+}
+
+HostStream::Helped HostStream::waitWhileChained(const std::shared_ptr<State>& state, Lock& lock,
+                                                const Signal& point,
+                                                std::chrono::milliseconds slice) {
+  State& s = *state;
+  s.parked.push_back(&point);
+  s.parkedWake.wait_for(lock, slice, [&] { return point.isSet() || !s.waits.empty(); });
+  s.parked.erase(std::find(s.parked.begin(), s.parked.end(), &point));
+  if (point.isSet()) {
+    return Helped::Passed;
+  }
+  if (!s.waits.empty()) {
+    watchOldest(state, lock);
+    return Helped::Completed;
+  }
+  return Helped::StillWaiting;
+}
+
+void HostStream::wakeParked(State& s) {
+  if (std::any_of(s.parked.begin(), s.parked.end(),
+                  [](const Signal* point) { return point->isSet(); })) {
+    s.parkedWake.notify_all();
+  }
 }
 
 HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, Lock& lock,

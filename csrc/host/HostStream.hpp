@@ -58,7 +58,10 @@ class HostStream {
 
   // Runs `item` on this thread where the stream is idle (Free, nothing queued or pending) and
   // the item may run here; else keeps it (take()) for the thread that finds the stream ready.
-  void enqueue(Task item, Kind kind);
+  void enqueue(Task item, Kind kind) { push(std::move(item), kind, /*op=*/false); }
+  // As enqueue(), for an op's task, which posts calls: while one is queued, a waiter leaves
+  // the calls to the thread that chains them (helpWait).
+  void enqueueOp(Task task, Kind kind) { push(std::move(task), kind, /*op=*/true); }
   // Runs `task` on the calling thread once everything enqueued before it has run (its calls
   // may be pending), and returns when it has: a sync op posted in program order.
   void runInOrder(const Task& task);
@@ -80,10 +83,14 @@ class HostStream {
   // For a waiter until `point` (an event recorded on this stream) has passed: Passed where it
   // has. Else waits here for a call that no thread waits for yet and completes it (the items
   // it held back run on this thread): Completed. That is the oldest call without a future,
-  // waited for until it completes or a break ends the wait (abortCalls); else the oldest with
-  // a future, waited for up to `slice`, then left to its future (StillWaiting). Nothing where
-  // there is no such call: the point's calls are not posted yet (the stream waits for another
-  // stream, or the worker runs it), or another waiter has them.
+  // waited for until it completes or a break ends the wait (abortCalls); else, with no op's
+  // task queued, the oldest with a future, waited for up to `slice`, then left to its future
+  // (StillWaiting). With ops' tasks queued, the thread completing each call posts the next
+  // one's at once, as Gloo's thread chains gloo's ops, where a waiter that took the call over
+  // would cost a wake between the two threads for every op: the waiter waits up to `slice`
+  // for its point, or for a call without a future to wait for. Nothing where there is no such
+  // call: the point's calls are not posted yet (the stream waits for another stream, or the
+  // worker runs it), or another waiter has them.
   enum class Helped { Passed, Nothing, Completed, StillWaiting };
   Helped helpWait(const Signal& point, std::chrono::milliseconds slice);
   // Wakes the worker to wait for the calls without a future that no thread has waited for
@@ -105,6 +112,7 @@ class HostStream {
   struct Item {
     std::function<void()> run;
     Kind kind;
+    bool op;  // an op's task (enqueueOp), rather than a step of the stream's own
   };
   // A call without a future, waiting for a thread to wait for it.
   struct Unwatched {
@@ -127,11 +135,16 @@ class HostStream {
     std::condition_variable wake;     // the worker: an item handed, a wait to make, a stop
     std::condition_variable changed;  // the stream went Free (runInOrder, the destructor)
     std::deque<Item> items;
+    int opsQueued = 0;  // of the items, ops' tasks
     Holder holder = Holder::Free;
     std::thread::id runner;
-    int pending = 0;                             // calls and signals awaited, not yet completed
-    std::exception_ptr failure;                  // of the calls awaited since the last settle
-    std::condition_variable claimedDone;         // a claimed call's future completed (helpWait)
+    int pending = 0;                      // calls and signals awaited, not yet completed
+    std::exception_ptr failure;           // of the calls awaited since the last settle
+    std::condition_variable claimedDone;  // a claimed call's future completed (helpWait)
+    // Waiters that leave the calls to the thread chaining them (helpWait), by the point each
+    // waits for; woken once it has passed, or a call without a future is posted.
+    std::vector<const Signal*> parked;
+    std::condition_variable parkedWake;
     std::deque<std::shared_ptr<Posted>> posted;  // calls with a future, not yet completed
     std::deque<Unwatched> waits;        // calls without a future that no thread waits for yet
     std::atomic<bool> anyWaits{false};  // !waits.empty(), for nudge()'s look without the lock
@@ -152,6 +165,7 @@ class HostStream {
   };
   using Lock = std::unique_lock<std::mutex>;
 
+  void push(Task item, Kind kind, bool op);
   // With the lock held, the stream Free and nothing queued or only behind pending calls: wakes
   // whoever waits for that (runInOrder, the destructor, an orphaned stream's worker).
   static void wentFree(State& s);
@@ -173,6 +187,12 @@ class HostStream {
   // `slice` for its future; completes it where it has completed, else lets go of the claim.
   static Helped claimOldest(const std::shared_ptr<State>& state, Lock& lock,
                             std::chrono::milliseconds slice);
+  // With the lock held and ops' tasks queued: waits up to `slice` for `point` to pass, or for
+  // a call without a future to wait for (then waits for it).
+  static Helped waitWhileChained(const std::shared_ptr<State>& state, Lock& lock,
+                                 const Signal& point, std::chrono::milliseconds slice);
+  // With the lock held, after an item ran: wakes the parked waiters whose point has passed.
+  static void wakeParked(State& s);
   // A posted call's future completed: its claimer is told, else this thread completes it.
   static void futureCompleted(const std::shared_ptr<State>& state,
                               const std::shared_ptr<Posted>& posted, std::exception_ptr failure);
