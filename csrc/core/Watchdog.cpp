@@ -151,8 +151,7 @@ void Watchdog::track(c10::intrusive_ptr<Work> work) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (brokenReason_.empty()) {
-      countIn(*work);
-      inFlight_.push_back(std::move(work));
+      inFlight_.add(std::move(work));
       return;
     }
     broken = brokenReason_;
@@ -170,94 +169,30 @@ void Watchdog::trackCaptured(c10::intrusive_ptr<Work> work) {
   captured_.push_back(std::move(work));
 }
 
-void Watchdog::countIn(const Work& work) {
-  for (auto& stream : streamsInFlight_) {
-    if (stream.holds(work)) {
-      ++stream.ops;
-      return;
-    }
-  }
-  streamsInFlight_.push_back(StreamOf{&work.device(), work.endStream(), 1});
-}
-
-void Watchdog::countOut(const Work& work) {
-  auto stream = std::find_if(streamsInFlight_.begin(), streamsInFlight_.end(),
-                             [&](const StreamOf& s) { return s.holds(work); });
-  TORCH_INTERNAL_ASSERT(stream != streamsInFlight_.end(), "streamnccl: an op not counted in");
-  if (--stream->ops == 0) {
-    streamsInFlight_.erase(stream);
-  }
-}
-
 void Watchdog::collectEnded(Works& faulted, RecorderClock& clock, Look look) {
-  // Looks at the ops of `from` in launch order, up to the end or until `enough` holds of the
-  // running ones met. `skipBehind`: past an op still running, the later ones on its stream
-  // are not looked at (ops on one stream start and end in launch order; two launched at
-  // once from two threads may be tracked the other way round: the period, which skips none,
-  // then finds the one skipped). Those that ended are moved out, the rest kept in order;
-  // only the part looked at is moved about.
-  c10::SmallVector<const Work*, 4> running;
-  auto endedOrFaulted = [&](auto& from, bool skipBehind, auto enough, auto leaving) {
-    running.clear();
-    const auto behindRunning = [&](const Work& work) {
-      const auto& stream = work.endStream();
-      return skipBehind && stream &&
-             std::any_of(running.begin(), running.end(), [&](const Work* earlier) {
-               return earlier->endsOn(work.device(), *stream);
-             });
-    };
-    size_t looked = 0;
-    for (; looked < from.size() && !enough(running.size()); ++looked) {
-      auto& work = from[looked];
-      if (behindRunning(*work)) {
-        continue;
-      }
-      if (work->pollStarted()) {
-        health_->recorder().started(work->info().traceId);
-      }
-      const Work::EndState state = work->pollEnd();
-      if (state == Work::EndState::Pending) {
-        if (skipBehind) {
-          running.push_back(work.get());  // the first still running on its stream
-        }
-        continue;
-      }
-      leaving(*work);
-      if (state == Work::EndState::Passed) {
-        retire(*work, clock);
-        ended_.push_back(std::move(work));  // leaves a null in its place
-      } else {
-        faulted.push_back(std::move(work));
-      }
+  // An op whose end has passed moves to ended_, one that faulted to `faulted`.
+  const auto leaves = [&](c10::intrusive_ptr<Work>& work) {
+    if (work->pollStarted()) {
+      health_->recorder().started(work->info().traceId);
     }
-    // The ops kept among those looked at close up towards the ones not looked at; the nulls
-    // left in front go.
-    size_t kept = looked;
-    for (size_t i = looked; i-- > 0;) {
-      if (from[i]) {
-        auto& to = from[--kept];
-        if (&to != &from[i]) {
-          to = std::move(from[i]);
-        }
-      }
+    const Work::EndState state = work->pollEnd();
+    if (state == Work::EndState::Pending) {
+      return false;
     }
-    from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(kept));
+    if (state == Work::EndState::Passed) {
+      retire(*work, clock);
+      ended_.push_back(std::move(work));
+    } else {
+      faulted.push_back(std::move(work));
+    }
+    return true;
   };
-  const bool launch = look == Look::UntilEachStreamRuns;
-  endedOrFaulted(
-      inFlight_, launch,
-      [&](size_t runningMet) { return launch && runningMet == streamsInFlight_.size(); },
-      [&](const Work& work) { countOut(work); });
-  endedOrFaulted(
-      failedRunning_, false, [](size_t) { return false; }, [](const Work&) {});
+  inFlight_.look(look, leaves);
+  for (auto& work : failedRunning_) {
+    leaves(work);  // a null left in its place where it leaves
+  }
+  std::erase_if(failedRunning_, [](const auto& work) { return !work; });
   moveWhere(captured_, ended_, [](Work& work) { return work.joined(); });
-}
-
-Watchdog::Works Watchdog::takeInFlight() {
-  Works taken(std::make_move_iterator(inFlight_.begin()), std::make_move_iterator(inFlight_.end()));
-  inFlight_.clear();
-  streamsInFlight_.clear();
-  return taken;
 }
 
 void Watchdog::settle(Works& faulted) {
@@ -352,10 +287,7 @@ void Watchdog::check() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = Clock::now();
-    moveWhere(inFlight_, expired, [&](Work& work) { return work.expiredBy(now); });
-    for (const auto& work : expired) {
-      countOut(*work);
-    }
+    inFlight_.takeWhere([&](Work& work) { return work.expiredBy(now); }, expired);
     opsOutside_ += expired.size();
     communicators = liveCommunicators(/*locked=*/true);
   }
@@ -446,7 +378,7 @@ void Watchdog::learnBreak(const BreakBoard::Post& post) {
   Works stopped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopped = takeInFlight();
+    stopped = inFlight_.takeAll();
     opsOutside_ += stopped.size();
   }
   auto orphaned = handOnIfNeverFailed(stopped);
@@ -499,7 +431,7 @@ void Watchdog::breakGroup(const OpInfo& group, std::exception_ptr error, const F
     // Taken before the cause's ops fail, whose futures' callbacks may end the group: its
     // teardown then finds the group broken and every op in a list it lets go of.
     std::lock_guard<std::mutex> lock(mutex_);
-    failing = takeInFlight();
+    failing = inFlight_.takeAll();
     brokenReason_ = reason;  // ops tracked from now on fail at once (track())
     breaker_ = std::this_thread::get_id();
     moveState(breaking_, Breaking::FailingOps, kBreakingMoves, "a group's break");
@@ -677,7 +609,8 @@ bool Watchdog::finishOn(const std::vector<const Communicator*>& communicators,
       RecorderClock clock;
       std::lock_guard<std::mutex> lock(mutex_);
       collectEnded(faulted, clock);
-      done = std::none_of(inFlight_.begin(), inFlight_.end(), counts) && faulted.empty();
+      done =
+          std::none_of(inFlight_.ops().begin(), inFlight_.ops().end(), counts) && faulted.empty();
     }
     if (!faulted.empty()) {
       settle(faulted);
@@ -697,7 +630,7 @@ bool Watchdog::finishOn(const std::vector<const Communicator*>& communicators,
 std::vector<std::string> Watchdog::unfinished() {
   std::vector<std::string> ops;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& work : inFlight_) {
+  for (const auto& work : inFlight_.ops()) {
     ops.push_back(std::string(work->info().name) + " #" + std::to_string(work->info().seq));
   }
   return ops;
@@ -758,7 +691,7 @@ void Watchdog::failInFlightOfBrokenGroup() {
   bool taken = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stranded = takeInFlight();
+    stranded = inFlight_.takeAll();
     taken = breaking_ != Breaking::None;
   }
   failUntilTheirEnd(stranded, "the group was destroyed while it broke");

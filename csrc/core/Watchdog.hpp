@@ -41,15 +41,14 @@
 #include "core/CompletionHooks.hpp"
 #include "core/GroupHealth.hpp"
 #include "core/GroupStats.hpp"
+#include "core/OpsInFlight.hpp"
 #include "core/Work.hpp"
 
 #include <c10/util/ScopeExit.h>
-#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -93,12 +92,7 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // or the group ends: a Work dropped unwaited still holds them.
   void trackCaptured(c10::intrusive_ptr<Work> work);
   // How far a look at the ops in flight goes.
-  enum class Look {
-    All,                  // every op: the watchdog's period, the group's end
-    UntilEachStreamRuns,  // in launch order, skipping the ops behind one still running on
-                          // their stream, until one is met on every stream with ops in flight:
-                          // a launch, whose cost must not grow with the ops queued
-  };
+  using Look = OpsInFlight::Look;
   // Lets go of the ops whose end has passed, on the calling thread; `clock` dates what the
   // flight recorder notes of them.
   void releaseCompleted(RecorderClock& clock, Look look = Look::All);
@@ -195,8 +189,6 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   // whose event query met a device error move to `faulted` instead, to be failed without the lock
   // (settle()).
   void collectEnded(Works& faulted, RecorderClock& clock, Look look = Look::All);
-  // The ops in flight, taken out (a break, the group's end).
-  Works takeInFlight();
   // Without the lock: fails the `faulted` ops, puts them with the ended ones, and breaks the
   // group with the first fault (a device error, or a timing read that failed). Does nothing
   // when there is none.
@@ -229,21 +221,7 @@ class Watchdog final : public std::enable_shared_from_this<Watchdog>, public Wor
   std::function<OpInfo()> describeGroup_;
 
   std::mutex mutex_;
-  std::deque<c10::intrusive_ptr<Work>> inFlight_;  // end not yet passed, in launch order
-  // Each stream the ops in inFlight_ end on, with how many there are (none: ops that failed
-  // at their launch, ended). A launch's look stops once it has met a running op on each.
-  struct StreamOf {
-    const Device* device;
-    std::optional<c10::Stream> stream;
-    size_t ops;
-    bool holds(const Work& work) const {
-      return device == &work.device() && stream == work.endStream();
-    }
-  };
-  c10::SmallVector<StreamOf, 4> streamsInFlight_;
-  // With mutex_ held: `work` enters inFlight_, or leaves it.
-  void countIn(const Work& work);
-  void countOut(const Work& work);
+  OpsInFlight inFlight_;
   Works failedRunning_;  // failed from outside (timeout, break), end not yet passed
   Works ended_;          // end passed: released by releaseCompleted()
   Works captured_;       // captured, not yet joined

@@ -75,13 +75,14 @@ class Work : public c10d::Work {
   // ops); a sync op's `end` is on the caller's stream already, and only watched.
   void setEnd(c10::Stream stream, std::unique_ptr<Event> end, std::vector<at::Tensor> inUse,
               bool joinOnWait);
-  // Whether the op's end is on `stream` of `device`: ops on one stream end in the order they
-  // were enqueued (Watchdog::Look).
-  bool endsOn(const Device& device, c10::Stream stream) const {
-    return endStream_ == stream && device_.get() == &device;
-  }
-  // The stream its end is on, once set (setEnd).
-  const std::optional<c10::Stream>& endStream() const { return endStream_; }
+  // Where the op's end is: its device and stream, none before setEnd (an op that failed at its
+  // launch). Ops on one stream end in the order they were enqueued (OpsInFlight::Look).
+  struct EndStream {
+    const Device* device;
+    std::optional<c10::Stream> stream;
+    bool operator==(const EndStream&) const = default;
+  };
+  EndStream endStream() const { return {device_.get(), endStream_}; }
   // A timed op (Options::enableTiming): the event before it on its stream; `end` then times
   // against it.
   void setStart(std::unique_ptr<Event> start) { start_ = std::move(start); }
