@@ -65,8 +65,6 @@ class HostEvent final : public Event {
           continue;
         case HostStream::Helped::StillWaiting:
           return passed();
-        case HostStream::Helped::Nothing:
-          return signal_->waitFor(slice);  // another thread completes its calls
       }
     }
   }

@@ -378,15 +378,19 @@ HostStream::Helped HostStream::helpWait(const Signal& point, std::chrono::millis
     watchOldest(state, lock);
     return Helped::Completed;
   }
-  if (state->opsQueued > 0) {
-    return waitWhileChained(state, lock, point, slice);
+  if (state->opsQueued == 0) {
+    auto open = std::find_if(state->posted.begin(), state->posted.end(), [](const auto& posted) {
+      return posted->claim == Posted::Claim::Open;
+    });
+    if (open != state->posted.end()) {
+      return claim(state, lock, *open, slice);
+    }
   }
-  return claimOldest(state, lock, slice);
+  return park(state, lock, point, slice);
 }
 
-HostStream::Helped HostStream::waitWhileChained(const std::shared_ptr<State>& state, Lock& lock,
-                                                const Signal& point,
-                                                std::chrono::milliseconds slice) {
+HostStream::Helped HostStream::park(const std::shared_ptr<State>& state, Lock& lock,
+                                    const Signal& point, std::chrono::milliseconds slice) {
   State& s = *state;
   s.parked.push_back(&point);
   s.parkedWake.wait_for(lock, slice, [&] { return point.isSet() || !s.waits.empty(); });
@@ -408,16 +412,10 @@ void HostStream::wakeParked(State& s) {
   }
 }
 
-HostStream::Helped HostStream::claimOldest(const std::shared_ptr<State>& state, Lock& lock,
-                                           std::chrono::milliseconds slice) {
+HostStream::Helped HostStream::claim(const std::shared_ptr<State>& state, Lock& lock,
+                                     std::shared_ptr<Posted> posted,
+                                     std::chrono::milliseconds slice) {
   State& s = *state;
-  auto found = std::find_if(s.posted.begin(), s.posted.end(), [](const auto& posted) {
-    return posted->claim == Posted::Claim::Open;
-  });
-  if (found == s.posted.end()) {
-    return Helped::Nothing;
-  }
-  const auto posted = *found;
   posted->claim = Posted::Claim::Claimed;
   if (!s.claimedDone.wait_for(lock, slice, [&] { return posted->claim == Posted::Claim::Told; })) {
     posted->claim = Posted::Claim::Open;  // its future's callback, still to come, completes it

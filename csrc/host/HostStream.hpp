@@ -24,8 +24,9 @@ namespace streamnccl {
 // once they are done. No thread is handed the work on the common path: an item runs on
 // whichever thread finds the stream ready: the caller that enqueues it, or the thread that
 // sees the call before it complete. For a call with a future (a collective) that is a caller
-// in a plain wait() on an op of this stream (helpWait), whom the future wakes, as Gloo's
-// thread wakes a waiter of gloo's own; else Gloo's thread, from the future. A call with no future
+// in a plain wait() on an op of this stream with no other op queued (helpWait), whom the
+// future wakes, as Gloo's thread wakes a waiter of gloo's own; else Gloo's thread, from the
+// future, which so chains the ops queued. A call with no future
 // (Gloo's sends and receives) completes once a thread waits for it: the caller's wait() where one
 // comes, else the stream's worker, woken when the call has gone unwatched for a while (nudge), or
 // at once for a waiter that will not wait in Gloo itself (a wait with a timeout, a sync op, the
@@ -84,14 +85,14 @@ class HostStream {
   // has. Else waits here for a call that no thread waits for yet and completes it (the items
   // it held back run on this thread): Completed. That is the oldest call without a future,
   // waited for until it completes or a break ends the wait (abortCalls); else, with no op's
-  // task queued, the oldest with a future, waited for up to `slice`, then left to its future
-  // (StillWaiting). With ops' tasks queued, the thread completing each call posts the next
-  // one's at once, as Gloo's thread chains gloo's ops, where a waiter that took the call over
-  // would cost a wake between the two threads for every op: the waiter waits up to `slice`
-  // for its point, or for a call without a future to wait for. Nothing where there is no such
-  // call: the point's calls are not posted yet (the stream waits for another stream, or the
-  // worker runs it), or another waiter has them.
-  enum class Helped { Passed, Nothing, Completed, StillWaiting };
+  // task queued, the oldest with a future no other waiter has claimed, waited for up to
+  // `slice`, then left to its future (StillWaiting). Else the waiter parks on the stream up to
+  // `slice` (StillWaiting), woken once its point has passed or a call without a future is
+  // posted, which it then waits for. So with ops' tasks queued, the thread completing each
+  // call posts the next one's at once, as Gloo's thread chains gloo's ops, where a waiter that
+  // took the call over would cost a wake between the two threads for every op; and a call
+  // without a future that another thread posts (an op's task it runs) is waited for at once.
+  enum class Helped { Passed, Completed, StillWaiting };
   Helped helpWait(const Signal& point, std::chrono::milliseconds slice);
   // Wakes the worker to wait for the calls without a future that no thread has waited for
   // since `grace` ago.
@@ -141,8 +142,8 @@ class HostStream {
     int pending = 0;                      // calls and signals awaited, not yet completed
     std::exception_ptr failure;           // of the calls awaited since the last settle
     std::condition_variable claimedDone;  // a claimed call's future completed (helpWait)
-    // Waiters that leave the calls to the thread chaining them (helpWait), by the point each
-    // waits for; woken once it has passed, or a call without a future is posted.
+    // Waiters parked (helpWait), by the point each waits for; woken once it has passed, or a
+    // call without a future is posted.
     std::vector<const Signal*> parked;
     std::condition_variable parkedWake;
     std::deque<std::shared_ptr<Posted>> posted;  // calls with a future, not yet completed
@@ -183,14 +184,14 @@ class HostStream {
   // With the lock held and a call in `waits`: takes the oldest and waits for it on this
   // thread (without the lock), then completes it.
   static void watchOldest(const std::shared_ptr<State>& state, Lock& lock);
-  // With the lock held: claims the oldest posted call no thread has claimed, and waits up to
-  // `slice` for its future; completes it where it has completed, else lets go of the claim.
-  static Helped claimOldest(const std::shared_ptr<State>& state, Lock& lock,
-                            std::chrono::milliseconds slice);
-  // With the lock held and ops' tasks queued: waits up to `slice` for `point` to pass, or for
-  // a call without a future to wait for (then waits for it).
-  static Helped waitWhileChained(const std::shared_ptr<State>& state, Lock& lock,
-                                 const Signal& point, std::chrono::milliseconds slice);
+  // With the lock held: claims `posted`, a call no thread has claimed, and waits up to `slice`
+  // for its future; completes it where it has completed, else lets go of the claim.
+  static Helped claim(const std::shared_ptr<State>& state, Lock& lock,
+                      std::shared_ptr<Posted> posted, std::chrono::milliseconds slice);
+  // With the lock held: waits up to `slice` for `point` to pass, or for a call without a
+  // future to wait for (then waits for it).
+  static Helped park(const std::shared_ptr<State>& state, Lock& lock, const Signal& point,
+                     std::chrono::milliseconds slice);
   // With the lock held, after an item ran: wakes the parked waiters whose point has passed.
   static void wakeParked(State& s);
   // A posted call's future completed: its claimer is told, else this thread completes it.
