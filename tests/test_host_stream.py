@@ -113,17 +113,22 @@ def test_future_callbacks_see_the_result(rank_pools):
 
 
 def _waiters_complete_their_ops(ctx, rounds):
-    # A caller in wait() completes the op it waits for on its own thread (the call's future
-    # wakes it, HostStream::helpWait). Two threads wait for two ops of one stream at once, each
-    # claiming a call; every fourth round rank 1 comes 30 ms late, so rank 0's waits outlast
-    # their 10 ms slices and give their claims back. Results and callbacks in closed form.
+    # Who completes an op (HostStream::helpWait): two threads wait for two ops of one stream
+    # at once, the second queued behind the first, so both park while Gloo's thread completes
+    # the first call and posts the second; then an op alone, whose caller in wait() takes its
+    # call over and completes it on its own thread (the call's future wakes it). Every fourth
+    # round rank 1 comes 30 ms late to each, so rank 0's waits outlast their 10 ms slices: the
+    # parked ones park again, the one alone gives its claim back. Results and callbacks in
+    # closed form.
     import threading
 
     me, n = ctx.rank, ctx.world_size
     for round_ in range(rounds):
         a = torch.full((256,), float(me + round_))
         b = torch.full((256,), float(2 * me + round_))
-        if me == 1 and round_ % 4 == 0:
+        c = torch.full((256,), float(3 * me + round_))
+        late = me == 1 and round_ % 4 == 0
+        if late:
             time.sleep(0.03)  # not a wait for anything: rank 0's waits run long
         first = dist.all_reduce(a, async_op=True)
         second = dist.all_reduce(b, async_op=True)
@@ -139,6 +144,10 @@ def _waiters_complete_their_ops(ctx, rounds):
         expected_b = torch.full((256,), float(n * (n - 1) + n * round_))
         assert torch.equal(b, expected_b), round_
         assert torch.equal(seen.wait(), expected_b), round_
+        if late:
+            time.sleep(0.03)
+        dist.all_reduce(c, async_op=True).wait()
+        assert torch.equal(c, torch.full((256,), float(3 * sum(range(n)) + n * round_))), round_
 
 
 def test_waiters_complete_their_ops(rank_pools):

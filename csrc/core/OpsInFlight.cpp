@@ -28,10 +28,10 @@ void OpsInFlight::countOut(const Work& work) {
   }
 }
 
-void OpsInFlight::look(Look look, Leaves leaves) {
+void OpsInFlight::look(Look how, Leaves leaves) {
   // A whole look skips nothing: two ops launched at once from two threads onto one stream may
   // be added the other way round, and the later one may then have ended behind a running one.
-  const bool launch = look == Look::UntilEachStreamRuns;
+  const bool launch = how == Look::UntilEachStreamRuns;
   c10::SmallVector<Work::EndStream, 4> running;  // a stream met with an op still running
   const auto behindRunning = [&](const Work& work) {
     const Work::EndStream end = work.endStream();

@@ -31,7 +31,7 @@ class OpsInFlight {
   void add(c10::intrusive_ptr<Work> work);
   // Offers the ops that `look` reaches to `leaves`, in launch order. Only the part looked at
   // is moved about, so a launch's look costs the same with 10 or 10,000 ops queued.
-  void look(Look look, Leaves leaves);
+  void look(Look how, Leaves leaves);
   // Moves the ops for which `take` holds to the end of `to`, keeping the order of both.
   void takeWhere(c10::function_ref<bool(Work&)> take, Works& to);
   Works takeAll();

@@ -75,8 +75,9 @@ class Work : public c10d::Work {
   // ops); a sync op's `end` is on the caller's stream already, and only watched.
   void setEnd(c10::Stream stream, std::unique_ptr<Event> end, std::vector<at::Tensor> inUse,
               bool joinOnWait);
-  // Where the op's end is: its device and stream, none before setEnd (an op that failed at its
-  // launch). Ops on one stream end in the order they were enqueued (OpsInFlight::Look).
+  // Where the op's end is: its device, and its stream once setEnd has named it (none for an op
+  // that failed at its launch). Ops on one stream end in the order they were enqueued
+  // (OpsInFlight::Look).
   struct EndStream {
     const Device* device;
     std::optional<c10::Stream> stream;

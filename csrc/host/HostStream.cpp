@@ -226,8 +226,10 @@ void HostStream::awaitCall(const c10::intrusive_ptr<c10d::Work>& call, Completio
       state->waits.push_back(Unwatched{call, std::chrono::steady_clock::now()});
       ++state->pending;
       state->anyWaits.store(true, std::memory_order_release);
-      state->parkedWake.notify_all();  // a parked waiter waits for it, not the worker
-      if (state->aborted) {            // posted as the break aborted the others: ended at once too
+      if (!state->parked.empty()) {
+        state->parkedWake.notify_all();  // a parked waiter waits for it, not the worker
+      }
+      if (state->aborted) {  // posted as the break aborted the others: ended at once too
         startWorker(state);
         state->wake.notify_one();
       }
@@ -383,7 +385,7 @@ HostStream::Helped HostStream::helpWait(const Signal& point, std::chrono::millis
       return posted->claim == Posted::Claim::Open;
     });
     if (open != state->posted.end()) {
-      return claim(state, lock, *open, slice);
+      return claim(state, lock, *open, slice);  // a copy: the call leaves `posted` meanwhile
     }
   }
   return park(state, lock, point, slice);
@@ -394,7 +396,10 @@ HostStream::Helped HostStream::park(const std::shared_ptr<State>& state, Lock& l
   State& s = *state;
   s.parked.push_back(&point);
   s.parkedWake.wait_for(lock, slice, [&] { return point.isSet() || !s.waits.empty(); });
-  s.parked.erase(std::find(s.parked.begin(), s.parked.end(), &point));
+  // Still there where the slice ran out, or a call woke it (wakeParked takes a passed point).
+  if (auto mine = std::find(s.parked.begin(), s.parked.end(), &point); mine != s.parked.end()) {
+    s.parked.erase(mine);
+  }
   if (point.isSet()) {
     return Helped::Passed;
   }
@@ -406,8 +411,12 @@ HostStream::Helped HostStream::park(const std::shared_ptr<State>& state, Lock& l
 }
 
 void HostStream::wakeParked(State& s) {
-  if (std::any_of(s.parked.begin(), s.parked.end(),
-                  [](const Signal* point) { return point->isSet(); })) {
+  // A waiter is woken once: its point leaves the list as it is woken, so the items that run
+  // before it takes the lock again wake no one for it.
+  const auto passed = std::remove_if(s.parked.begin(), s.parked.end(),
+                                     [](const Signal* point) { return point->isSet(); });
+  if (passed != s.parked.end()) {
+    s.parked.erase(passed, s.parked.end());
     s.parkedWake.notify_all();
   }
 }

@@ -87,11 +87,12 @@ class HostStream {
   // waited for until it completes or a break ends the wait (abortCalls); else, with no op's
   // task queued, the oldest with a future no other waiter has claimed, waited for up to
   // `slice`, then left to its future (StillWaiting). Else the waiter parks on the stream up to
-  // `slice` (StillWaiting), woken once its point has passed or a call without a future is
-  // posted, which it then waits for. So with ops' tasks queued, the thread completing each
-  // call posts the next one's at once, as Gloo's thread chains gloo's ops, where a waiter that
-  // took the call over would cost a wake between the two threads for every op; and a call
-  // without a future that another thread posts (an op's task it runs) is waited for at once.
+  // `slice`, woken once its point has passed (Passed) or a call without a future is posted,
+  // which it then waits for (Completed); StillWaiting where neither came. So with ops' tasks
+  // queued, the thread completing each call posts the next one's at once, as Gloo's thread chains
+  // gloo's ops, where a waiter that took the call over would cost a wake between the two threads
+  // for every op; and a call without a future that another thread posts (an op's task it runs) is
+  // waited for at once.
   enum class Helped { Passed, Completed, StillWaiting };
   Helped helpWait(const Signal& point, std::chrono::milliseconds slice);
   // Wakes the worker to wait for the calls without a future that no thread has waited for
@@ -192,7 +193,8 @@ class HostStream {
   // future to wait for (then waits for it).
   static Helped park(const std::shared_ptr<State>& state, Lock& lock, const Signal& point,
                      std::chrono::milliseconds slice);
-  // With the lock held, after an item ran: wakes the parked waiters whose point has passed.
+  // With the lock held, at each turn of drive() (an item may have set a point): wakes the
+  // parked waiters whose point has passed, and takes their points off the list.
   static void wakeParked(State& s);
   // A posted call's future completed: its claimer is told, else this thread completes it.
   static void futureCompleted(const std::shared_ptr<State>& state,
