@@ -6,22 +6,23 @@
 
 namespace streamnccl {
 
+OpsInFlight::StreamOf* OpsInFlight::streamOf(const Work& work) {
+  const Work::EndStream end = work.endStream();
+  return std::find_if(streams_.begin(), streams_.end(),
+                      [&](const StreamOf& s) { return s.end == end; });
+}
+
 void OpsInFlight::add(c10::intrusive_ptr<Work> work) {
-  const Work::EndStream end = work->endStream();
-  auto stream = std::find_if(streams_.begin(), streams_.end(),
-                             [&](const StreamOf& s) { return s.end == end; });
-  if (stream == streams_.end()) {
-    streams_.push_back(StreamOf{end, 1});
-  } else {
+  if (auto* stream = streamOf(*work); stream != streams_.end()) {
     ++stream->ops;
+  } else {
+    streams_.push_back(StreamOf{work->endStream(), 1});
   }
   ops_.push_back(std::move(work));
 }
 
 void OpsInFlight::countOut(const Work& work) {
-  const Work::EndStream end = work.endStream();
-  auto stream = std::find_if(streams_.begin(), streams_.end(),
-                             [&](const StreamOf& s) { return s.end == end; });
+  auto* stream = streamOf(work);
   TORCH_INTERNAL_ASSERT(stream != streams_.end(), "streamnccl: an op not counted in");
   if (--stream->ops == 0) {
     streams_.erase(stream);

@@ -42,6 +42,8 @@ class OpsInFlight {
     Work::EndStream end;
     size_t ops;
   };
+  // The stream `work` ends on, or streams_.end().
+  StreamOf* streamOf(const Work& work);
   // An op leaves: its stream's count goes down, and the stream goes at 0 (a launch's look
   // would otherwise wait to meet a running op there, and look at every op).
   void countOut(const Work& work);

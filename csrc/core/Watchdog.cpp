@@ -24,8 +24,9 @@ constexpr auto kStoreGrace = std::chrono::milliseconds(1000);
 
 // Moves the elements of `from` for which `take` holds to the end of `to`, keeping the order
 // of both; moved, never copied, so that no reference is dropped here.
-template <typename From, typename Take>
-void moveWhere(From& from, std::vector<c10::intrusive_ptr<Work>>& to, Take take) {
+template <typename Take>
+void moveWhere(std::vector<c10::intrusive_ptr<Work>>& from,
+               std::vector<c10::intrusive_ptr<Work>>& to, Take take) {
   auto kept = from.begin();
   for (auto& work : from) {
     if (take(*work)) {
